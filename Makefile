@@ -1,0 +1,56 @@
+# The workbook's commands. Every target that needs Python creates .venv from nothing when it is missing.
+#   make run    -- execute every notebook (solutions and unsolved labs) into build/, ledger + report
+#   make test   -- pytest on tests/, nbval on solutions/, execution of the unsolved labs/
+#   make lab    -- JupyterLab on the workbook
+PROFILE ?= auto
+LABS ?=
+FORCE ?=
+STRICT ?=
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PYTHONHASHSEED := 0
+
+.PHONY: setup run test test-fast lab labs check-sync refresh baseline gpu-check clean
+
+$(VENV)/.installed: pyproject.toml scripts/setup_venv.sh
+	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/setup_venv.sh
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(PY) -m common run --profile "$(PROFILE)" --labs "$(LABS)" $(if $(STRICT),--strict)
+
+test: $(VENV)/.installed
+	WORKBOOK_HEADLESS=1 WORKBOOK_PROFILE=quick $(PY) -m pytest tests solutions --nbval --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest tests -m "not notebooks" -p no:cacheprovider
+
+lab: $(VENV)/.installed
+	$(VENV)/bin/jupyter lab --notebook-dir=.
+
+labs: $(VENV)/.installed
+	$(PY) -m common labs --labs "$(LABS)" $(if $(FORCE),--force)
+
+check-sync: $(VENV)/.installed
+	$(PY) -m common check-sync
+
+# Maintainer: re-execute solutions in place (quick profile) to refresh their committed reference outputs,
+# then regenerate labs/.
+refresh: $(VENV)/.installed
+	$(PY) -m common refresh --labs "$(LABS)"
+	$(PY) -m common labs --labs "$(LABS)"
+
+# Maintainer: record this device's results from build/results.jsonl as data/baselines/<device>.json.
+baseline: $(VENV)/.installed
+	$(PY) -m common baseline
+
+# On a GPU machine: the kernels' notebooks at full size, and the benchmarks, results under $${OUT:-build/gpu}.
+gpu-check: $(VENV)/.installed
+	bash scripts/gpu_check.sh
+
+clean:
+	rm -rf build

@@ -1,0 +1,70 @@
+"""Command line: `python -m common labs|check-sync|run|refresh|baseline|inventory` (the Makefile calls these)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from common import notebooks, runner
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m common", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("labs", help="regenerate labs/ from solutions/ (never overwrites a lab you edited)")
+    g.add_argument("--labs", default="", help='subset, e.g. "02 04"')
+    g.add_argument("--force", action="store_true", help="back up edited labs to labs/.backup/, then regenerate")
+    sub.add_parser("check-sync", help="exit 1 when labs/ differs from what solutions/ generate")
+    r = sub.add_parser("run", help="execute notebooks with papermill into build/, write the ledger and report")
+    r.add_argument("--profile", default="auto")
+    r.add_argument("--labs", default="")
+    r.add_argument("--kinds", default="solutions,labs")
+    r.add_argument("--strict", action="store_true", help="also fail on performance regressions")
+    f = sub.add_parser("refresh", help="maintainer: re-execute solutions in place to refresh reference outputs")
+    f.add_argument("--labs", default="")
+    b = sub.add_parser("baseline", help="write data/baselines/<device>.json from build/results.jsonl")
+    b.add_argument("--tolerance", type=float, default=0.5, help="relative tolerance of measured results")
+    b.add_argument("--note", default="")
+    sub.add_parser("inventory", help="print this machine's inventory as JSON")
+    a = p.parse_args(argv)
+
+    if a.cmd == "labs":
+        for line in notebooks.generate(runner.select(a.labs), force=a.force):
+            print(line)
+        return 0
+    if a.cmd == "check-sync":
+        bad = notebooks.out_of_sync()
+        if bad:
+            print("labs/ is out of sync with solutions/: " + ", ".join(bad) + " -- run `make labs`")
+            return 1
+        print("labs/ is in sync with solutions/")
+        return 0
+    if a.cmd == "run":
+        return runner.run_all(a.profile, a.labs, tuple(k for k in a.kinds.split(",") if k), strict=a.strict)
+    if a.cmd == "refresh":
+        runner.refresh_solutions(runner.select(a.labs))
+        return 0
+    if a.cmd == "baseline":
+        from common import results
+        records = results.read_ledger(runner.BUILD / "results.jsonl")
+        if not records:
+            print("build/results.jsonl is empty: run `make run` first")
+            return 1
+        by_device = {}
+        for rec in records:
+            by_device.setdefault(rec["device"], []).append(rec)
+        for device, recs in by_device.items():
+            path = runner.REPO_ROOT / "data" / "baselines" / f"{device}.json"
+            data = results.make_baseline(recs, device, a.tolerance, a.note)
+            path.write_text(json.dumps(data, indent=1) + "\n")
+            print(f"wrote {path.relative_to(runner.REPO_ROOT)} ({len(recs)} results)")
+        return 0
+    if a.cmd == "inventory":
+        from common import env
+        print(json.dumps(env.inventory(), indent=1))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

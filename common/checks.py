@@ -1,0 +1,215 @@
+"""Exercise checkers that say what is wrong.
+
+A checker is a function decorated with `@checker("4.2", "online softmax")`. It calls the learner's function, compares
+with `expect_close` / `expect_equal` / `expect`, and returns a short success detail. The decorator turns the outcome
+into a verdict:
+- passed: prints "PASS Exercise 4.2 (online softmax): <detail>";
+- not attempted (the learner's function still raises NotImplementedError): prints so, does not raise;
+- wrong: raises `CheckFailed` (an AssertionError) whose message names expected vs got, the first mismatching index
+  or the invariant that failed. In a notebook the message is shown without a traceback.
+Later cells that need an exercise ask `if ready("4.2"):` and otherwise say what to finish first.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
+_status: dict[str, str] = {}
+_titles: dict[str, str] = {}
+
+
+class CheckFailed(AssertionError):
+    """A checker's verdict that the learner's answer is wrong; the message says how."""
+
+
+@dataclass
+class Verdict:
+    exercise: str
+    title: str
+    status: str
+    detail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+    def _ipython_display_(self) -> None:
+        """Already printed by the checker: show nothing more when a check is a cell's last expression."""
+
+    def __str__(self) -> str:
+        mark = {PASSED: "PASS", FAILED: "FAIL", NOT_ATTEMPTED: "TODO"}[self.status]
+        return f"{mark} Exercise {self.exercise} ({self.title}): {self.detail}"
+
+
+def status(exercise: str) -> str | None:
+    """passed / failed / not attempted, or None when its check has not run in this session."""
+    return _status.get(exercise)
+
+
+def reset() -> None:
+    """Forget all verdicts (tests use this)."""
+    _status.clear()
+
+
+def ready(exercise: str) -> bool:
+    """True when `exercise` passed its check; otherwise print what to finish first and return False."""
+    if _status.get(exercise) == PASSED:
+        return True
+    why = {None: "its check has not run yet", NOT_ATTEMPTED: "it is not attempted yet",
+           FAILED: "its check failed"}[_status.get(exercise)]
+    title = _titles.get(exercise, "")
+    print(f"Skipped: this cell needs Exercise {exercise}{f' ({title})' if title else ''}, and {why}. "
+          f"Finish it, run its check, then run this cell again.")
+    return False
+
+
+def _learner_error(exc: BaseException) -> str:
+    """One line naming an exception raised inside the learner's code, with the innermost frame."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].name}, line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
+    return f"your code raised {type(exc).__name__}: {exc}{where}"
+
+
+def checker(exercise: str, title: str):
+    """Decorate a check function; see the module docstring for the verdicts it gives."""
+    def wrap(check: Callable[..., str | None]):
+        _titles[exercise] = title
+
+        @functools.wraps(check)
+        def run(*args, **kwargs) -> Verdict:
+            try:
+                detail = check(*args, **kwargs)
+            except NotImplementedError as exc:
+                _status[exercise] = NOT_ATTEMPTED
+                verdict = Verdict(exercise, title, NOT_ATTEMPTED,
+                                  f"not attempted yet -- {exc}" if str(exc) else "not attempted yet")
+                print(verdict)
+                return verdict
+            except CheckFailed as exc:
+                _status[exercise] = FAILED
+                raise CheckFailed(f"Exercise {exercise} ({title}): {exc}") from None
+            except Exception as exc:  # the learner's code crashed: say where, as a verdict
+                _status[exercise] = FAILED
+                raise CheckFailed(f"Exercise {exercise} ({title}): {_learner_error(exc)}") from exc
+            _status[exercise] = PASSED
+            verdict = Verdict(exercise, title, PASSED, detail or "correct")
+            print(verdict)
+            return verdict
+
+        run.exercise = exercise
+        run.title = title
+        return run
+    return wrap
+
+
+def fail(message: str) -> None:
+    raise CheckFailed(message)
+
+
+def expect(condition: bool, message: str) -> None:
+    """Fail with `message` (the invariant, stated) when `condition` is false."""
+    if not condition:
+        raise CheckFailed(message)
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.6g}"
+    return repr(x)
+
+
+def expect_equal(got: Any, expected: Any, what: str = "result") -> None:
+    """Exact equality for ints, strings, tuples, lists and dicts, with the first difference named."""
+    if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)):
+        if len(got) != len(expected):
+            fail(f"{what}: expected {len(expected)} items, got {len(got)} (expected {_short(expected)}, "
+                 f"got {_short(got)})")
+        for i, (g, e) in enumerate(zip(got, expected)):
+            if g != e:
+                fail(f"{what}: first difference at index {i}: expected {_fmt(e)}, got {_fmt(g)}")
+        return
+    if isinstance(expected, dict) and isinstance(got, dict):
+        missing, extra = set(expected) - set(got), set(got) - set(expected)
+        if missing or extra:
+            fail(f"{what}: keys differ: missing {sorted(map(str, missing))}, unexpected {sorted(map(str, extra))}")
+        for k in expected:
+            expect_equal(got[k], expected[k], f"{what}[{k!r}]")
+        return
+    if got != expected:
+        fail(f"{what}: expected {_fmt(expected)}, got {_fmt(got)}")
+
+
+def _short(seq, n: int = 8) -> str:
+    items = list(seq)
+    body = ", ".join(_fmt(x) for x in items[:n])
+    return f"[{body}{', ...' if len(items) > n else ''}]"
+
+
+def _as_numpy(x: Any):
+    import numpy as np
+    try:
+        import torch
+        if isinstance(x, torch.Tensor):
+            return x.detach().to("cpu", dtype=torch.float64).numpy()
+    except ImportError:
+        pass
+    return np.asarray(x, dtype=np.float64)
+
+
+def expect_close(got: Any, expected: Any, what: str = "result", rtol: float = 1e-5, atol: float = 1e-8) -> None:
+    """Numerical closeness for scalars, arrays and tensors: shape first, then NaN/Inf, then values.
+
+    On a mismatch, names the first mismatching index, expected vs got there, how many elements differ and the
+    largest absolute error.
+    """
+    import numpy as np
+    if got is None:
+        fail(f"{what}: got None -- did the function forget to return its result?")
+    if not hasattr(expected, "shape") and not isinstance(expected, (list, tuple)):
+        try:
+            g, e = float(got), float(expected)
+        except (TypeError, ValueError):
+            fail(f"{what}: expected a number like {_fmt(expected)}, got {type(got).__name__} {_fmt(got)}")
+        if math.isnan(g) and not math.isnan(e):
+            fail(f"{what}: got NaN, expected {_fmt(e)}")
+        if not math.isclose(g, e, rel_tol=rtol, abs_tol=atol):
+            rel = abs(g - e) / abs(e) if e else float("inf")
+            fail(f"{what}: expected {_fmt(e)}, got {_fmt(g)} (relative error {rel:.3g}, allowed {rtol:g})")
+        return
+    g, e = _as_numpy(got), _as_numpy(expected)
+    if g.shape != e.shape:
+        fail(f"{what}: shape: expected {tuple(e.shape)}, got {tuple(g.shape)}")
+    bad_nan = np.isnan(g) & ~np.isnan(e)
+    if bad_nan.any():
+        idx = tuple(int(i) for i in np.argwhere(bad_nan)[0])
+        fail(f"{what}: NaN at index {idx} ({int(bad_nan.sum())} NaNs in all) where {_fmt(float(e[idx]))} "
+             f"was expected")
+    close = np.isclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
+    if not close.all():
+        idx = tuple(int(i) for i in np.argwhere(~close)[0])
+        err = np.abs(g - e)
+        fail(f"{what}: {int((~close).sum())} of {close.size} elements differ; first at index {idx}: expected "
+             f"{_fmt(float(e[idx]))}, got {_fmt(float(g[idx]))}; largest abs error {float(np.nanmax(err)):.3g} "
+             f"(rtol {rtol:g}, atol {atol:g})")
+
+
+def install_notebook_handler() -> None:
+    """In IPython, show a CheckFailed as its message alone (no traceback); the cell still fails."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is None:
+        return
+
+    def handler(shell, etype, value, tb, tb_offset=None):
+        text = f"FAIL {value}"
+        shell._showtraceback(etype, value, [text])
+        return [text]
+
+    ip.set_custom_exc((CheckFailed,), handler)

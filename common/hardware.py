@@ -1,0 +1,3 @@
+"""PLACEHOLDER until the hardware facts land (issue 3)."""
+def gpu_ids():
+    return []

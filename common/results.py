@@ -1,0 +1,124 @@
+"""The results ledger: notebooks record key results by name; the runner collects and compares them.
+
+`record("machine.copy_gbps", 12.3, "GB/s")` appends one JSON line {name, value, unit, lab, device, profile, ...} to
+the file named by WORKBOOK_RESULTS (the runner sets it per notebook), else to build/interactive/results.jsonl.
+`compare_with_baseline` checks a list of records against data/baselines/<device>.json within each entry's tolerance.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+from common.env import REPO_ROOT, current
+
+NAME_RE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+|\.[A-Za-z0-9_-]+)*$")
+_session: list[dict] = []
+
+
+def ledger_path() -> Path:
+    return Path(os.environ.get("WORKBOOK_RESULTS") or REPO_ROOT / "build" / "interactive" / "results.jsonl")
+
+
+def validate_name(name: str) -> None:
+    """Names are dotted paths, lower case, e.g. "roofline.ridge.H100-SXM.bf16" (hardware ids keep their case)."""
+    if not isinstance(name, str) or not NAME_RE.match(name) or "." not in name:
+        raise ValueError(f"result name {name!r} is not a dotted path like 'machine.copy_gbps' "
+                         f"(segments of [a-z0-9_]; hardware ids such as H100-SXM may appear as segments)")
+
+
+def record(name: str, value: float, unit: str, *, higher_is_better: bool | None = None, note: str = "") -> dict:
+    """Append a result to the ledger and to this session's list; return the record."""
+    validate_name(name)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"result {name}: value {value!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"result {name}: value {value!r} is not finite")
+    env = current()
+    rec = {"name": name, "value": value, "unit": unit, "lab": env.lab, "device": env.device_id,
+           "device_name": env.device_name, "profile": env.profile}
+    if higher_is_better is not None:
+        rec["higher_is_better"] = higher_is_better
+    if note:
+        rec["note"] = note
+    path = ledger_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(rec) + "\n")
+    _session[:] = [r for r in _session if r["name"] != name] + [rec]
+    return rec
+
+
+def session_records() -> list[dict]:
+    return list(_session)
+
+
+def summary():
+    """A table of what this notebook recorded (for its closing cell)."""
+    import pandas as pd
+    if not _session:
+        return pd.DataFrame(columns=["name", "value", "unit"]).set_index("name")
+    return pd.DataFrame(_session)[["name", "value", "unit"]].set_index("name")
+
+
+def read_ledger(path: Path) -> list[dict]:
+    if not Path(path).exists():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def load_baseline(device_id: str, root: Path = REPO_ROOT / "data" / "baselines") -> dict:
+    """data/baselines/<device_id>.json -> {name: {value, unit, tolerance, higher_is_better?}}, or {} if none."""
+    path = Path(root) / f"{device_id}.json"
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return data.get("results", {})
+
+
+def compare_with_baseline(records: list[dict], baseline: dict) -> list[dict]:
+    """Each record with `baseline`, `ratio` and `status`: ok / regression / improved / changed / new.
+
+    A result is a regression when it is worse than the baseline by more than the entry's relative tolerance
+    (worse means lower when higher_is_better, higher when not); where the direction is unknown (deterministic
+    results), any change beyond the tolerance is "changed" and counts as a failure.
+    """
+    out = []
+    for rec in records:
+        row = dict(rec)
+        base = baseline.get(rec["name"])
+        if base is None:
+            row.update(status="new", baseline=None, ratio=None)
+            out.append(row)
+            continue
+        b, tol = float(base["value"]), float(base.get("tolerance", 0.0))
+        ratio = rec["value"] / b if b else (1.0 if rec["value"] == 0 else float("inf"))
+        hib = base.get("higher_is_better", rec.get("higher_is_better"))
+        if abs(ratio - 1.0) <= tol + 1e-9:
+            status = "ok"
+        elif hib is None:
+            status = "changed"
+        elif (ratio > 1.0) == bool(hib):
+            status = "improved"
+        else:
+            status = "regression"
+        row.update(status=status, baseline=b, ratio=ratio)
+        out.append(row)
+    return out
+
+
+def make_baseline(records: list[dict], device_id: str, measured_tolerance: float, note: str = "") -> dict:
+    """A baseline file's content from ledger records: deterministic results get a tight tolerance (1e-6),
+    measured ones (those with a direction) `measured_tolerance`."""
+    results = {}
+    for r in records:
+        measured = "higher_is_better" in r
+        entry = {"value": r["value"], "unit": r["unit"], "tolerance": measured_tolerance if measured else 1e-6}
+        if measured:
+            entry["higher_is_better"] = r["higher_is_better"]
+        results[r["name"]] = entry
+    return {"device": device_id, "note": note, "results": dict(sorted(results.items()))}

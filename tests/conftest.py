@@ -1,0 +1,25 @@
+import os
+import sys
+from pathlib import Path
+
+# Tests run headless, on the quick profile, and never write a ledger into the repo's build/interactive/.
+os.environ.setdefault("WORKBOOK_HEADLESS", "1")
+os.environ.setdefault("WORKBOOK_PROFILE", "quick")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _ledger_in_tmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_RESULTS", str(tmp_path / "results.jsonl"))
+    from common import checks
+    checks.reset()
+    yield
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "notebooks: executes notebooks (slow)")

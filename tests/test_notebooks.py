@@ -1,0 +1,93 @@
+"""The notebooks: labs/ in sync with solutions/, the shape every notebook follows, and the unsolved labs run."""
+import json
+import re
+
+import nbformat
+import pytest
+
+from common import notebooks
+from common.env import REPO_ROOT
+
+NAMES = notebooks.notebook_names()
+EXPECTED = ["00_orientation", "01_measurement", "02_roofline", "03_fusion_and_triton", "04_flash_attention",
+            "05_low_precision", "06_moe_routing", "07_collectives", "08_pipeline_dualpipe", "09_nvl72_topology",
+            "10_scaling_and_cost", "11_beyond_the_gpu"]
+
+
+def _solution(name):
+    return nbformat.read(str(notebooks.SOLUTIONS / name), as_version=4)
+
+
+def test_solutions_are_the_known_labs():
+    unknown = [n for n in NAMES if n[:-6] not in EXPECTED]
+    assert not unknown, f"solutions/ has notebooks outside the lab table: {unknown}"
+    assert NAMES, "no solution notebooks found"
+
+
+def test_labs_in_sync_with_solutions():
+    bad = notebooks.out_of_sync()
+    assert not bad, f"labs/ differs from what solutions/ generate for {bad}: run `make labs`"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_shape(name):
+    nb = _solution(name)
+    cells = nb.cells
+    assert cells[0].cell_type == "markdown" and cells[0].source.startswith(f"# Lab {name[:2]}"), \
+        f"{name}: the first cell must be a markdown title '# Lab {name[:2]} -- ...'"
+    params = [c for c in cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1 and re.search(r'^PROFILE = "auto"$', params[0].source, re.M), \
+        f"{name}: needs exactly one cell tagged 'parameters' with PROFILE = \"auto\""
+    code = [c for c in cells if c.cell_type == "code"]
+    setup_cells = [c for c in code if f'setup("{name[:-6]}", PROFILE)' in c.source]
+    assert setup_cells, f"{name}: a set-up cell must call setup(\"{name[:-6]}\", PROFILE)"
+    first_setup = cells.index(setup_cells[0])
+    for c in cells[:first_setup]:
+        assert "import triton" not in c.source, f"{name}: triton imported before setup()"
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", f"{name}: kernelspec must be python3"
+    text = "\n".join(c.source for c in cells)
+    assert "## Reflection" in text, f"{name}: needs a '## Reflection' section"
+    assert notebooks.MD_BEGIN in text, f"{name}: reflection answers belong between solution markers"
+    assert "results.record(" in text and "results.summary()" in text, f"{name}: must record results and summarise"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_exercise_is_followed_by_its_check(name):
+    cells = _solution(name).cells
+    exercises = [i for i, c in enumerate(cells) if c.cell_type == "code" and notebooks.BEGIN in c.source]
+    assert exercises, f"{name}: no exercise (### BEGIN SOLUTION) found"
+    for i in exercises:
+        m = notebooks.EXERCISE_RE.search(cells[i].source)
+        assert m, f"{name} cell {i}: an exercise cell must name its exercise ('# Exercise N.M: title')"
+        assert m.group(1).split(".")[0] == str(int(name[:2])), f"{name} cell {i}: Exercise {m.group(1)} in lab {name[:2]}"
+        following = next((c for c in cells[i + 1:] if c.cell_type == "code"), None)
+        assert following is not None and re.search(r"\bcheck_\w+\(", following.source), \
+            f"{name}: Exercise {m.group(1)} must be followed by a code cell calling its checker"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_committed_outputs_are_clean(name):
+    nb = _solution(name)
+    for i, c in enumerate(nb.cells):
+        if c.cell_type != "code":
+            continue
+        assert c.execution_count is not None or not c.source.strip(), \
+            f"{name} cell {i} was never executed: run `make refresh LABS={name[:2]}`"
+        for out in c.outputs:
+            assert out.output_type != "error", f"{name} cell {i} committed an error: {out.get('evalue')}"
+            blob = json.dumps(out.get("text", "")) + json.dumps(out.get("data", {}).get("text/plain", ""))
+            assert str(REPO_ROOT) not in blob, f"{name} cell {i} prints an absolute path"
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("name", NAMES)
+def test_unsolved_lab_runs_top_to_bottom(name, tmp_path):
+    """CI executes the learner's copy: every check says 'not attempted yet', nothing crashes."""
+    from nbclient import NotebookClient
+    nb = nbformat.read(str(notebooks.LABS / name), as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(notebooks.LABS)}}).execute()
+    printed = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
+                        if o.output_type == "stream")
+    assert "not attempted yet" in printed, f"{name}: no check reported 'not attempted yet' in the unsolved lab"
+    assert "PASS Exercise" not in printed, f"{name}: a check passed on an unsolved exercise -- it cannot fail"
