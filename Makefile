@@ -11,7 +11,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONHASHSEED := 0
 
-.PHONY: setup run test test-fast lab labs check-sync refresh baseline gpu-check clean
+.PHONY: setup run test test-fast nbval lab labs check-sync refresh baseline gpu-check clean
 
 $(VENV)/.installed: pyproject.toml scripts/setup_venv.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/setup_venv.sh
@@ -22,9 +22,14 @@ setup: $(VENV)/.installed
 run: $(VENV)/.installed
 	$(PY) -m common run --profile "$(PROFILE)" --labs "$(LABS)" $(if $(STRICT),--strict)
 
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
+
 test: $(VENV)/.installed
-	WORKBOOK_HEADLESS=1 WORKBOOK_PROFILE=quick $(PY) -m pytest tests solutions --nbval --nbval-current-env \
-		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider
+	WORKBOOK_HEADLESS=1 WORKBOOK_PROFILE=quick $(PY) -m pytest tests solutions $(NBVAL) -p no:cacheprovider
+
+# nbval alone: re-execute the solutions and compare their deterministic outputs with the committed ones.
+nbval: $(VENV)/.installed
+	WORKBOOK_HEADLESS=1 WORKBOOK_PROFILE=quick $(PY) -m pytest solutions $(NBVAL) -p no:cacheprovider
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest tests -m "not notebooks" -p no:cacheprovider

@@ -59,10 +59,10 @@ def _first_error(nb) -> str:
     return ""
 
 
-def execute(kind: str, name: str, profile: str, out_dir: Path, timeout: int = 900) -> Run:
+def execute(src: Path, profile: str, out_dir: Path, kind: str = "solutions", timeout: int = 900) -> Run:
     """Execute one notebook with papermill (PROFILE injected), headless, its ledger in out_dir/<name>.results.jsonl."""
     import papermill as pm
-    src = REPO_ROOT / kind / name
+    name = src.name
     out_dir.mkdir(parents=True, exist_ok=True)
     ledger = out_dir / f"{name[:-6]}.results.jsonl"
     ledger.unlink(missing_ok=True)
@@ -101,7 +101,7 @@ def run_all(profile: str = "auto", labs: str | None = None, kinds=KINDS, build: 
     bar = tqdm(jobs, desc="notebooks", unit="nb", file=sys.stdout)
     for kind, name in bar:
         bar.set_postfix_str(f"{kind}/{name}")
-        run = execute(kind, name, profile, build / "executed" / kind)
+        run = execute(REPO_ROOT / kind / name, profile, build / "executed" / kind, kind)
         runs.append(run)
         tqdm.write(f"{'ok    ' if run.status == 'ok' else 'FAILED'} {kind}/{name} in {run.seconds:.1f} s"
                    + (f" -- {run.error}" if run.status != "ok" else ""), file=sys.stdout)

@@ -1,0 +1,74 @@
+import numpy as np
+import pytest
+import torch
+
+from common import checks
+from common.checks import CheckFailed, checker, expect_close, expect_equal
+
+
+@checker("9.1", "double it")
+def check_double(fn):
+    for x in (1, 2, 5):
+        expect_equal(fn(x), 2 * x, f"fn({x})")
+    return "doubles"
+
+
+def test_verdicts(capsys):
+    assert check_double(lambda x: 2 * x).passed
+    assert "PASS Exercise 9.1 (double it): doubles" in capsys.readouterr().out
+    assert checks.status("9.1") == "passed" and checks.ready("9.1")
+
+
+def test_not_attempted_does_not_raise(capsys):
+    def stub(x):
+        raise NotImplementedError("Exercise 9.1: replace this line with your code")
+    v = check_double(stub)
+    assert v.status == "not attempted"
+    assert "not attempted yet" in capsys.readouterr().out
+    assert not checks.ready("9.1")
+    assert "needs Exercise 9.1 (double it), and it is not attempted yet" in capsys.readouterr().out
+
+
+def test_wrong_answer_names_expected_and_got():
+    with pytest.raises(CheckFailed, match=r"Exercise 9.1 \(double it\): fn\(1\): expected 2, got 3"):
+        check_double(lambda x: 2 * x + 1)
+    assert checks.status("9.1") == "failed"
+
+
+def test_crash_in_learner_code_is_a_verdict():
+    with pytest.raises(CheckFailed, match=r"your code raised ZeroDivisionError"):
+        check_double(lambda x: x / 0)
+
+
+def test_ready_before_any_check(capsys):
+    assert not checks.ready("9.9")
+    assert "its check has not run yet" in capsys.readouterr().out
+
+
+def test_expect_close_first_mismatch_index():
+    expected = torch.arange(12.0).reshape(3, 4)
+    got = expected.clone()
+    got[1, 2] += 1
+    with pytest.raises(CheckFailed, match=r"1 of 12 elements differ; first at index \(1, 2\): expected 6, got 7"):
+        expect_close(got, expected, "out")
+
+
+def test_expect_close_shape_nan_none_and_scalars():
+    with pytest.raises(CheckFailed, match=r"shape: expected \(2, 3\), got \(3, 2\)"):
+        expect_close(np.zeros((3, 2)), np.zeros((2, 3)))
+    with pytest.raises(CheckFailed, match=r"NaN at index \(0,\)"):
+        expect_close(np.array([np.nan, 1.0]), np.array([0.0, 1.0]))
+    with pytest.raises(CheckFailed, match="got None"):
+        expect_close(None, 1.0)
+    with pytest.raises(CheckFailed, match="relative error"):
+        expect_close(1.1, 1.0, rtol=1e-3)
+    expect_close(1.0 + 1e-9, 1.0)
+
+
+def test_expect_equal_sequences_and_dicts():
+    with pytest.raises(CheckFailed, match="first difference at index 2: expected 3, got 4"):
+        expect_equal([1, 2, 4], [1, 2, 3])
+    with pytest.raises(CheckFailed, match="expected 3 items, got 2"):
+        expect_equal([1, 2], [1, 2, 3])
+    with pytest.raises(CheckFailed, match=r"missing \['b'\]"):
+        expect_equal({"a": 1}, {"a": 1, "b": 2})

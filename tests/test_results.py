@@ -1,0 +1,56 @@
+import json
+
+import pytest
+
+from common import results
+
+
+def test_record_writes_a_ledger_line(tmp_path, monkeypatch):
+    path = tmp_path / "r.jsonl"
+    monkeypatch.setenv("WORKBOOK_RESULTS", str(path))
+    rec = results.record("machine.copy_gbps", 12.5, "GB/s", higher_is_better=True)
+    line = json.loads(path.read_text().splitlines()[-1])
+    for key in ("name", "value", "unit", "lab", "device", "profile"):
+        assert key in line
+    assert line == rec and line["value"] == 12.5
+    assert "machine.copy_gbps" in results.summary().index
+
+
+@pytest.mark.parametrize("bad", ["Machine.copy", "copy", "machine..x", "machine copy", ""])
+def test_bad_names(bad):
+    with pytest.raises(ValueError, match="is not a dotted path"):
+        results.record(bad, 1.0, "x")
+
+
+def test_hardware_ids_keep_their_case():
+    results.validate_name("roofline.ridge.H100-SXM.bf16")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "fast"])
+def test_bad_values(value):
+    with pytest.raises(ValueError, match="result a.b"):
+        results.record("a.b", value, "x")
+
+
+def test_compare_with_baseline_directions():
+    base = {"a.fast": {"value": 100.0, "tolerance": 0.1, "higher_is_better": True},
+            "a.slow": {"value": 100.0, "tolerance": 0.1, "higher_is_better": False},
+            "a.exact": {"value": 3.0, "tolerance": 1e-6}}
+    recs = [{"name": "a.fast", "value": 70.0}, {"name": "a.slow", "value": 95.0},
+            {"name": "a.exact", "value": 3.5}, {"name": "a.new", "value": 1.0}]
+    status = {r["name"]: r["status"] for r in results.compare_with_baseline(recs, base)}
+    assert status == {"a.fast": "regression", "a.slow": "ok", "a.exact": "changed", "a.new": "new"}
+
+
+def test_planted_slowdown_is_flagged_noise_is_not():
+    base = {"x.gbps": {"value": 100.0, "tolerance": 0.15, "higher_is_better": True}}
+    assert results.compare_with_baseline([{"name": "x.gbps", "value": 80.0}], base)[0]["status"] == "regression"
+    assert results.compare_with_baseline([{"name": "x.gbps", "value": 93.0}], base)[0]["status"] == "ok"
+
+
+def test_make_baseline_roundtrip():
+    recs = [{"name": "m.x", "value": 2.0, "unit": "s", "higher_is_better": False}, {"name": "m.y", "value": 3.0,
+                                                                                    "unit": "B"}]
+    b = results.make_baseline(recs, "cpu", 0.3)
+    assert b["results"]["m.x"]["tolerance"] == 0.3 and b["results"]["m.y"]["tolerance"] == 1e-6
+    assert all(r["status"] == "ok" for r in results.compare_with_baseline(recs, b["results"]))
