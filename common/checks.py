@@ -169,7 +169,8 @@ def expect_close(got: Any, expected: Any, what: str = "result", rtol: float = 1e
     import numpy as np
     if got is None:
         fail(f"{what}: got None -- did the function forget to return its result?")
-    if not hasattr(expected, "shape") and not isinstance(expected, (list, tuple)):
+    if (not hasattr(expected, "shape") and not isinstance(expected, (list, tuple))) or (
+            getattr(expected, "shape", None) == () and getattr(got, "shape", ()) == ()):
         try:
             g, e = float(got), float(expected)
         except (TypeError, ValueError):

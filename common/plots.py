@@ -51,3 +51,10 @@ def show(fig=None) -> None:
     fig.tight_layout()
     plt.show()
     plt.close(fig)
+
+
+def subplots(nrows: int = 1, ncols: int = 2, figsize=None):
+    """(fig, axes) for side-by-side panels, in the house style."""
+    import matplotlib.pyplot as plt
+    use_house_style()
+    return plt.subplots(nrows, ncols, figsize=figsize or (5 * ncols, 3.8 * nrows))

@@ -61,5 +61,5 @@ def check_predict_matmul_seconds(predict):
         if abs(got - (compute + memory)) < 1e-12 * expected and abs(compute - memory) > 1e-3 * expected:
             expect(False, f"for m,n,k={m},{n},{k} you added compute time and memory time ({got:.3g} s); the "
                           f"roofline model takes the larger of the two ({expected:.3g} s), as they overlap")
-        expect_close(got, expected, f"predicted seconds for m,n,k={m},{n},{k}, {b} B/element", rtol=1e-6)
+        expect_close(got, expected, f"predicted seconds for m,n,k={m},{n},{k}, {b} B/element", rtol=1e-6, atol=0)
     return "max(FLOPs / FLOP rate, bytes / bandwidth) for compute- and memory-bound shapes"

@@ -1,0 +1,137 @@
+"""Lab 01's instruments: a CPU stand-in for an asynchronous GPU stream, noisy timing samples, cache-effect and
+regression-rule references.
+
+`AsyncQueue` behaves like a CUDA stream: `launch(work)` returns at once and the work runs on a worker thread in order;
+`synchronize()` waits until everything launched has finished. Timing a launch without synchronising measures the
+launch, not the work -- the classic GPU timing bug, reproduced on a CPU.
+"""
+from __future__ import annotations
+
+import queue
+import statistics
+import threading
+import time
+from typing import Callable, Sequence
+
+
+class AsyncQueue:
+    """An in-order work queue on a background thread: the CPU's picture of a GPU stream."""
+
+    def __init__(self):
+        self._q: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while True:
+            work = self._q.get()
+            try:
+                if work is None:
+                    return
+                work()
+            finally:
+                self._q.task_done()
+
+    def launch(self, work: Callable[[], object]) -> None:
+        """Enqueue `work` and return immediately (like a kernel launch)."""
+        self._q.put(work)
+
+    def synchronize(self) -> None:
+        """Block until every launched piece of work has finished (like torch.cuda.synchronize)."""
+        self._q.join()
+
+    def close(self) -> None:
+        self.synchronize()
+        self._q.put(None)
+        self._thread.join(timeout=5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def sleep_work(seconds: float) -> Callable[[], None]:
+    """Work that takes `seconds` of wall time without using a core (keeps demos stable on a busy machine)."""
+    if seconds < 0:
+        raise ValueError(f"seconds={seconds} must be >= 0")
+    return lambda: time.sleep(seconds)
+
+
+def median_and_iqr(samples: Sequence[float]) -> tuple[float, float]:
+    if len(samples) < 2:
+        raise ValueError(f"need at least 2 samples, got {len(samples)}")
+    q = statistics.quantiles(samples, n=4, method="inclusive")
+    return statistics.median(samples), q[2] - q[0]
+
+
+def noisy_samples(n: int, median: float, noise: float, outlier_rate: float = 0.0, outlier_factor: float = 3.0,
+                  rng=None) -> list[float]:
+    """Synthetic timings: lognormal noise of relative width `noise`, and a fraction of slow outliers."""
+    import numpy as np
+    if n < 1 or median <= 0 or noise < 0 or not 0 <= outlier_rate < 1:
+        raise ValueError(f"bad sample spec n={n}, median={median}, noise={noise}, outlier_rate={outlier_rate}")
+    rng = rng if rng is not None else np.random.default_rng()
+    x = median * np.exp(rng.normal(0.0, noise, n))
+    slow = rng.random(n) < outlier_rate
+    x[slow] *= outlier_factor
+    return x.tolist()
+
+
+def relative_mad(samples: Sequence[float]) -> float:
+    """Robust relative spread: 1.4826 x median absolute deviation / median (equals sigma/mu for normal noise,
+    and a few wild outliers barely move it)."""
+    m = statistics.median(samples)
+    return 1.4826 * statistics.median(abs(x - m) for x in samples) / m
+
+
+def is_regression(baseline: Sequence[float], candidate: Sequence[float], threshold: float = 0.10) -> bool:
+    """Reference rule: the candidate's median is slower by more than `threshold` (relative) AND by more than three
+    standard errors of that difference, estimated robustly from both runs' spread (so a noisy machine needs a
+    bigger shift before it cries regression). Medians and MAD resist outliers; a speed-up never counts."""
+    if len(baseline) < 3 or len(candidate) < 3:
+        raise ValueError(f"need >= 3 samples on each side, got {len(baseline)} and {len(candidate)}")
+    shift = statistics.median(candidate) / statistics.median(baseline) - 1.0
+    n = min(len(baseline), len(candidate))
+    std_err = 1.25 * (relative_mad(baseline) ** 2 + relative_mad(candidate) ** 2) ** 0.5 / n ** 0.5
+    return shift > threshold and shift > 3.0 * std_err
+
+
+def warm_vs_cold_bandwidth(nbytes: int, n_buffers: int, samples: int = 100, device: str | None = None) -> dict:
+    """Read bandwidth (GB/s, median of interleaved samples) of summing an nbytes buffer two ways: "warm", the same
+    buffer every call (it stays in cache), and "cold", a rotation over n_buffers distinct buffers (each call touches
+    memory the cache has evicted). Interleaving makes a busy machine slow both alike."""
+    import torch
+    from common.env import current
+    dev = device or current().device
+    if n_buffers < 2:
+        raise ValueError(f"n_buffers={n_buffers} must be >= 2 to rotate")
+    bufs = [torch.rand(nbytes // 4, device=dev) for _ in range(n_buffers)]
+    state = {"i": 0}
+
+    def cold():
+        state["i"] = (state["i"] + 1) % n_buffers
+        bufs[state["i"]].sum()
+
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    runs = interleaved_samples({"warm": lambda: bufs[0].sum(), "cold": cold}, samples, sync)
+    moved = (nbytes // 4) * 4
+    return {k: moved / statistics.median(v) / 1e9 for k, v in runs.items()}
+
+
+def interleaved_samples(fns: dict, n: int, sync: Callable[[], None] = lambda: None) -> dict:
+    """n timings (seconds) of each function, taken round-robin so slow drifts of the machine hit all of them alike."""
+    if n < 1:
+        raise ValueError(f"n={n} must be >= 1")
+    out = {name: [] for name in fns}
+    for fn in fns.values():  # warm-up
+        fn()
+    sync()
+    for _ in range(n):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            sync()
+            out[name].append(time.perf_counter() - start)
+    return out
