@@ -103,6 +103,8 @@ def normalise(nb):
     nb.metadata.pop("jupytext", None)
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
     nb.metadata["language_info"] = {"name": "python"}
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
     return nb
 
 

@@ -162,7 +162,7 @@ def refresh_solutions(names: list[str], timeout: int = 900) -> None:
         path = notebooks.SOLUTIONS / name
         nb = notebooks.normalise(nbformat.read(str(path), as_version=4))
         start = time.perf_counter()
-        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                        resources={"metadata": {"path": str(path.parent)}}).execute()
         notebooks.normalise(nb)
         nb.metadata.pop("workbook", None)

@@ -1,0 +1,145 @@
+"""The CPU side of a training loop: a slow data pipeline, the consumer's idle time, host-to-device copy models, and
+this machine's NUMA topology and thread affinity.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+
+class SlowDataset(torch.utils.data.Dataset):
+    """A synthetic dataset whose items take `item_ms` to produce (like decoding an image or tokenising text).
+
+    The cost is a sleep, so it shows pipeline overlap without competing for the machine's cores."""
+
+    def __init__(self, n_items: int, item_ms: float, shape=(3, 32, 32)):
+        if n_items <= 0 or item_ms < 0:
+            raise ValueError(f"n_items={n_items} must be > 0 and item_ms={item_ms} >= 0")
+        self.n, self.item_s, self.shape = n_items, item_ms / 1e3, shape
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.item_s)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(self.shape, generator=g), i % 10
+
+
+def consumer_idle(loader, step_ms: float, max_batches: int | None = None) -> dict:
+    """Run a consumer that spends `step_ms` per batch (the training step, a sleep here) over `loader`.
+
+    Returns wall time, time spent waiting for the next batch, the idle fraction (wait / wall) and batches seen."""
+    waited, steps = 0.0, 0
+    start = time.perf_counter()
+    it = iter(loader)
+    while max_batches is None or steps < max_batches:
+        t0 = time.perf_counter()
+        try:
+            next(it)
+        except StopIteration:
+            break
+        waited += time.perf_counter() - t0
+        time.sleep(step_ms / 1e3)
+        steps += 1
+    wall = time.perf_counter() - start
+    del it  # shuts the worker processes down
+    return {"wall_s": wall, "wait_s": waited, "idle_fraction": waited / wall if wall else 0.0, "batches": steps}
+
+
+def loader_idle_sweep(workers=(0, 1, 2), n_items: int = 96, batch_size: int = 4, item_ms: float = 2.0,
+                      step_ms: float = 8.0, prefetch_factor: int = 2) -> list[dict]:
+    """consumer_idle for each DataLoader worker count (0 = loading in the training process itself)."""
+    rows = []
+    for w in workers:
+        if w < 0:
+            raise ValueError(f"workers={w} must be >= 0")
+        kwargs = {"prefetch_factor": prefetch_factor, "persistent_workers": False} if w > 0 else {}
+        loader = torch.utils.data.DataLoader(SlowDataset(n_items, item_ms), batch_size=batch_size, num_workers=w,
+                                             **kwargs)
+        rows.append({"workers": w, **consumer_idle(loader, step_ms)})
+    return rows
+
+
+def predicted_idle_fraction(workers: int, load_ms: float, step_ms: float) -> float:
+    """Steady-state idle fraction of the consumer: loading in-process serialises load and step; w workers
+    produce w batches per load_ms in parallel with the step."""
+    if workers < 0 or load_ms < 0 or step_ms <= 0:
+        raise ValueError(f"workers={workers}, load_ms={load_ms}, step_ms={step_ms}: need workers >= 0, "
+                         f"load_ms >= 0, step_ms > 0")
+    if workers == 0:
+        return load_ms / (load_ms + step_ms)
+    per_batch = load_ms / workers  # the pipeline's throughput
+    return max(0.0, per_batch - step_ms) / max(per_batch, step_ms)
+
+
+def h2d_copy_seconds(nbytes: float, link_gbs: float, memcpy_gbs: float, pinned: bool) -> float:
+    """Host-to-device copy time. Pinned (page-locked) memory: the DMA engine reads it directly at link speed.
+    Pageable memory: the driver first copies into a pinned staging buffer (a host memcpy), then DMAs it; modelled
+    here without overlap between the two stages (the worst case)."""
+    if nbytes < 0 or link_gbs <= 0 or memcpy_gbs <= 0:
+        raise ValueError(f"nbytes={nbytes} >= 0, link_gbs={link_gbs} > 0 and memcpy_gbs={memcpy_gbs} > 0 required")
+    dma = nbytes / (link_gbs * 1e9)
+    return dma if pinned else dma + nbytes / (memcpy_gbs * 1e9)
+
+
+def numa_topology() -> list[dict]:
+    """NUMA nodes of this machine with their CPUs and memory (from /sys; one node on most laptops)."""
+    nodes = []
+    base = Path("/sys/devices/system/node")
+    for node in sorted(base.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
+        cpus = (node / "cpulist").read_text().strip() if (node / "cpulist").exists() else "?"
+        mem_kb = 0
+        meminfo = node / "meminfo"
+        if meminfo.exists():
+            for line in meminfo.read_text().splitlines():
+                if "MemTotal" in line:
+                    mem_kb = int(line.split()[-2])
+        nodes.append({"node": int(node.name[4:]), "cpus": cpus, "memory_gib": round(mem_kb / 2**20, 1)})
+    return nodes or [{"node": 0, "cpus": f"0-{(os.cpu_count() or 1) - 1}", "memory_gib": None}]
+
+
+def gpu_numa_nodes() -> list[dict]:
+    """Which NUMA node each NVIDIA PCI device attaches to (empty without NVIDIA GPUs)."""
+    out = []
+    for dev in sorted(Path("/sys/bus/pci/devices").glob("*")):
+        try:
+            if (dev / "vendor").read_text().strip() != "0x10de" or not (dev / "class").read_text().startswith("0x03"):
+                continue
+            out.append({"pci": dev.name, "numa_node": int((dev / "numa_node").read_text())})
+        except OSError:
+            continue
+    return out
+
+
+_MATMUL_PROBE = """
+import time, torch
+n, repeats = {n}, {repeats}
+a, b = torch.randn(n, n), torch.randn(n, n)
+a @ b
+start = time.perf_counter()
+for _ in range(repeats):
+    a @ b
+print(2 * n**3 * repeats / (time.perf_counter() - start) / 1e9)
+"""
+
+
+def matmul_gflops_pinned(cpus: set[int], threads: int, n: int = 512, repeats: int = 20) -> float:
+    """GFLOP/s of n x n float32 matmuls in a fresh process whose `threads` OpenMP threads may run only on `cpus`
+    (what `taskset -c` and `OMP_NUM_THREADS` do). A fresh process, because threads inherit affinity when created."""
+    import subprocess
+    import sys
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not set(cpus) <= allowed:
+        raise ValueError(f"cpus={sorted(cpus)} must be a non-empty subset of the CPUs this process may use, "
+                         f"{sorted(allowed)}")
+    if threads < 1:
+        raise ValueError(f"threads={threads} must be >= 1")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    out = subprocess.run([sys.executable, "-c", _MATMUL_PROBE.format(n=n, repeats=repeats)], env=env,
+                         preexec_fn=lambda: os.sched_setaffinity(0, set(cpus)), capture_output=True, text=True,
+                         timeout=120, check=True)
+    return float(out.stdout.strip().splitlines()[-1])

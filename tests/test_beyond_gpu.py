@@ -1,0 +1,105 @@
+"""Lab 11's modules: kvcache, hostside, memory, sharing."""
+import os
+
+import pytest
+import torch
+
+from common import hostside, kvcache, memory, sharing
+from common.models import load_model_config
+
+
+def test_deepseek_v3_mla_is_576_values_per_layer():
+    kv = kvcache.deepseek_v3_kv(load_model_config("deepseek_v3").values)
+    assert kv["mla"] == 61 * 576 * 2 == 70_272
+    assert kv["mha_equivalent"] == 61 * 128 * (192 + 128) * 2
+    assert kv["mha_paper_convention"] == 61 * 2 * 128 * 128 * 2
+
+
+def test_kv_formulas_and_errors():
+    assert kvcache.kv_bytes_per_token(32, 8, 128, 128, 2) == 32 * 8 * 256 * 2
+    with pytest.raises(ValueError, match="kv_heads=0"):
+        kvcache.kv_bytes_per_token(32, 0, 128, 128, 2)
+    assert kvcache.sequences_that_fit(1e9, 1e5, 100) == 100
+    assert kvcache.paged_waste([16, 17, 1], 16) == 0 + 15 + 15
+
+
+def test_allocation_paged_fits_more():
+    cont, paged = kvcache.simulate_allocation([100, 200, 300, 50] * 10, max_len=512, block_size=16,
+                                              capacity_tokens=8192)
+    assert cont.policy == "contiguous" and cont.sequences == 16
+    assert paged.sequences > cont.sequences and paged.waste_fraction < 0.1 < cont.waste_fraction
+    with pytest.raises(ValueError, match="1..max_len"):
+        kvcache.simulate_allocation([600], 512, 16, 8192)
+
+
+def test_predicted_idle():
+    assert hostside.predicted_idle_fraction(0, 8, 8) == 0.5
+    assert hostside.predicted_idle_fraction(1, 8, 8) == 0.0
+    assert hostside.predicted_idle_fraction(1, 16, 8) == 0.5
+    with pytest.raises(ValueError, match="step_ms=0"):
+        hostside.predicted_idle_fraction(1, 8, 0)
+
+
+@pytest.mark.notebooks
+def test_loader_workers_reduce_idle():
+    rows = hostside.loader_idle_sweep(workers=(0, 2), n_items=48, batch_size=4, item_ms=3, step_ms=12)
+    assert rows[0]["batches"] == rows[1]["batches"] == 12
+    assert rows[0]["idle_fraction"] > 0.3 and rows[1]["idle_fraction"] < rows[0]["idle_fraction"]
+
+
+def test_h2d_model():
+    assert hostside.h2d_copy_seconds(1e9, 50, 10, pinned=True) == pytest.approx(0.02)
+    assert hostside.h2d_copy_seconds(1e9, 50, 10, pinned=False) == pytest.approx(0.12)
+    with pytest.raises(ValueError):
+        hostside.h2d_copy_seconds(1e9, 0, 10, True)
+
+
+def test_topology_reads():
+    nodes = hostside.numa_topology()
+    assert nodes and "cpus" in nodes[0]
+    assert isinstance(hostside.gpu_numa_nodes(), list)
+
+
+def test_affinity_probe_and_errors():
+    cpus = sorted(os.sched_getaffinity(0))
+    assert hostside.matmul_gflops_pinned({cpus[0]}, 1, n=128, repeats=3) > 0
+    with pytest.raises(ValueError, match="subset"):
+        hostside.matmul_gflops_pinned({10_000}, 1)
+
+
+def test_caching_allocator_fragmentation():
+    a = memory.CachingAllocatorModel()
+    hs = [a.malloc(3 << 20) for _ in range(6)]
+    for h in hs[::2]:
+        a.free(h)
+    s = a.stats()
+    assert s["reserved"] == 6 * (4 << 20) and s["allocated"] == 3 * (3 << 20)
+    before = s["reserved"]
+    a.malloc(6 << 20)  # no free block of 6 MiB although 3 x 4 MiB are free
+    assert a.stats()["reserved"] > before
+    small = a.malloc(1000)
+    assert a.stats()["reserved"] == before + (6 << 20) + (2 << 20)
+    a.free(small)
+    with pytest.raises(ValueError, match="not a live allocation"):
+        a.free(small)
+
+
+def test_saved_activation_bytes_and_checkpointing():
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    x = torch.randn(32, 64, requires_grad=True)
+    _, plain = memory.saved_activation_bytes(layer, x)
+    from torch.utils.checkpoint import checkpoint
+    _, ckpt = memory.saved_activation_bytes(lambda t: checkpoint(layer, t, use_reentrant=False), x)
+    assert plain > ckpt > 0
+
+
+def test_sharing_model():
+    assert sharing.shared_utilisation(0.1, 7, "mig") == pytest.approx(0.7)
+    assert sharing.shared_utilisation(0.1, 7, "time-slicing") == 0.1
+    assert sharing.shared_utilisation(0.3, 5, "mps") == 1.0
+    assert len(sharing.mig_profiles("H100-SXM")) == 6
+    with pytest.raises(ValueError, match="mode='x'"):
+        sharing.shared_utilisation(0.1, 1, "x")
+    with pytest.raises(ValueError, match="no MIG profiles"):
+        sharing.mig_profiles("B300")
+    assert sharing.coupled_step_time(1.0, 0.5, 1 / 7, 2.0) == pytest.approx(8.0)
