@@ -1,0 +1,130 @@
+"""Checkers for lab 09 (GB200 NVL72 topology): rack aggregates, dense vs sparse FLOPs, memory per GPU of a
+parallelism layout, all-to-all time inside vs across the NVLink domain."""
+from __future__ import annotations
+
+import math
+import random
+
+from common import topology
+from common.checks import checker, expect, expect_close
+
+
+def _near(got, value, rtol=1e-6) -> bool:
+    try:
+        return math.isclose(float(got), float(value), rel_tol=rtol)
+    except (TypeError, ValueError):
+        return False
+
+
+@checker("9.1", "rack aggregate NVLink bandwidth")
+def check_aggregate_nvlink(aggregate_nvlink_tbs):
+    """aggregate_nvlink_tbs(gpus, per_gpu_gbs) -> TB/s, the sum of the per-GPU (bidirectional) figures."""
+    rng = random.Random()
+    cases = [(72, 1800), (8, 900), (8, 400), (576, 1800)] + [
+        (rng.randint(2, 600), rng.choice([400, 600, 900, 1800, rng.uniform(100, 3600)])) for _ in range(5)]
+    for gpus, per_gpu in cases:
+        expected = gpus * per_gpu / 1e3
+        got = aggregate_nvlink_tbs(gpus, per_gpu)
+        expect(got is not None, "aggregate_nvlink_tbs returned None -- return the TB/s figure")
+        if _near(got, expected * 1e3):
+            expect(False, f"aggregate_nvlink_tbs({gpus}, {per_gpu}) = {got:.6g}: that is GB/s; the answer is in "
+                          f"TB/s (1 TB/s = 1000 GB/s), so expected {expected:.6g}")
+        if _near(got, expected / 2):
+            expect(False, f"aggregate_nvlink_tbs({gpus}, {per_gpu}) = {got:.6g}: you halved the per-GPU figure; "
+                          f"the rack headline (130 TB/s) adds up NVIDIA's bidirectional per-GPU figures as quoted")
+        if _near(got, per_gpu / 1e3) and gpus > 1:
+            expect(False, f"aggregate_nvlink_tbs({gpus}, {per_gpu}) = {got:.6g}: that is one GPU's figure -- "
+                          f"multiply by the number of GPUs")
+        expect_close(got, expected, f"aggregate_nvlink_tbs({gpus}, {per_gpu})", rtol=1e-9)
+    return f"right for {len(cases)} racks and nodes (NVL72: 72 x 1.8 TB/s = 129.6 TB/s)"
+
+
+@checker("9.2", "dense vs sparse rack FLOPs")
+def check_rack_pflops(rack_pflops):
+    """rack_pflops(gpus, per_gpu_sparse_tflops, sparse) -> PFLOP/s of the rack, dense when sparse is False."""
+    rng = random.Random()
+    cases = [(72, 20000, True), (72, 20000, False), (8, 3958, False)] + [
+        (rng.randint(1, 600), rng.uniform(500, 40000), rng.random() < 0.5) for _ in range(6)]
+    for gpus, sparse_tflops, sparse in cases:
+        expected = gpus * sparse_tflops / 1e3 / (1 if sparse else 2)
+        got = rack_pflops(gpus, sparse_tflops, sparse)
+        expect(got is not None, "rack_pflops returned None -- return PFLOP/s")
+        if not sparse and _near(got, expected * 2):
+            expect(False, f"rack_pflops({gpus}, {sparse_tflops:.6g}, sparse=False) = {got:.6g}: that is the "
+                          f"sparse figure; the datasheet rate assumes 2:4 sparsity, dense is half of it "
+                          f"({expected:.6g})")
+        if sparse and _near(got, expected / 2):
+            expect(False, f"rack_pflops({gpus}, {sparse_tflops:.6g}, sparse=True) = {got:.6g}: you halved the "
+                          f"rate, but the per-GPU figure given is already the sparse one")
+        if _near(got, expected * 1e3):
+            expect(False, f"rack_pflops(...) = {got:.6g}: that is TFLOP/s; convert to PFLOP/s (/1000)")
+        expect_close(got, expected, f"rack_pflops({gpus}, {sparse_tflops:.6g}, sparse={sparse})", rtol=1e-9)
+    return "sparse = GPUs x datasheet rate; dense = half of it (NVL72 FP4: 1,440 PF sparse, 720 PF dense)"
+
+
+def _reference_memory(dense, experts, tp, pp, dp, ep):
+    model = topology.ModelSketch("m", dense, experts, 1, 1, 1)
+    return topology.memory_per_gpu_gb(model, topology.Layout(tp=tp, pp=pp, dp=dp, ep=ep))["total"]
+
+
+@checker("9.3", "memory per GPU of a parallelism layout")
+def check_memory_per_gpu(memory_per_gpu_gb):
+    """memory_per_gpu_gb(dense_params, expert_params, tp, pp, dp, ep) -> GB (1e9 bytes) of BF16 weights, BF16
+    gradients and FP32 Adam state (12 B/param) per GPU, with ZeRO-1 sharding the optimizer state."""
+    rng = random.Random()
+    cases = [(17.1e9, 653.9e9, 1, 16, 128, 64), (400e9, 0.0, 8, 16, 16, 1), (17.1e9, 653.9e9, 8, 16, 16, 8)]
+    for _ in range(5):
+        ep = rng.choice([1, 2, 4, 8, 16, 64])
+        dp = ep * rng.choice([1, 2, 4, 8])
+        cases.append((rng.uniform(1e9, 5e11), rng.choice([0.0, rng.uniform(1e10, 2e12)]), rng.choice([1, 2, 4, 8]),
+                      rng.choice([1, 2, 4, 8, 16]), dp, ep))
+    for dense, experts, tp, pp, dp, ep in cases:
+        expected = _reference_memory(dense, experts, tp, pp, dp, ep)
+        got = memory_per_gpu_gb(dense, experts, tp, pp, dp, ep)
+        where = f"memory_per_gpu_gb({dense:.3g}, {experts:.3g}, tp={tp}, pp={pp}, dp={dp}, ep={ep})"
+        expect(got is not None, "memory_per_gpu_gb returned None -- return GB per GPU")
+        if _near(got, expected * 1e9 / 2**30):
+            expect(False, f"{where} = {got:.6g}: that is GiB (2^30 bytes); the lab counts GB = 1e9 bytes, like "
+                          f"the HBM sizes on datasheets (expected {expected:.6g})")
+        no_zero = topology.memory_per_gpu_gb(topology.ModelSketch("m", dense, experts, 1, 1, 1),
+                                             topology.Layout(tp=tp, pp=pp, dp=dp, ep=ep, zero1=False))["total"]
+        if dp > 1 and _near(got, no_zero):
+            expect(False, f"{where} = {got:.6g}: the optimizer state is not sharded; ZeRO-1 splits each "
+                          f"parameter's 12 B of Adam state over its data-parallel replicas (expected {expected:.6g})")
+        if experts and ep > 1 and _near(got, _reference_memory(dense + experts, 0.0, tp, pp, dp, 1)):
+            expect(False, f"{where} = {got:.6g}: the routed experts are not split by EP; each EP rank holds "
+                          f"1/ep of them")
+        expect_close(got, expected, where, rtol=1e-6)
+    return f"right for {len(cases)} layouts, DeepSeek's PP16 x EP64 x DP128 among them"
+
+
+@checker("9.4", "all-to-all time inside vs across the NVLink domain")
+def check_all_to_all_seconds(all_to_all_seconds):
+    """all_to_all_seconds(bytes_per_gpu, group, domain, nvlink_gbs, network_gbs) -> seconds; bandwidths in GB/s
+    per direction; each GPU sends bytes/group to every rank of the group, itself included (that share stays)."""
+    rng = random.Random()
+    cases = [(1e9, 8, 8, 200, 50), (1e9, 64, 8, 160, 50), (1e9, 64, 72, 900, 50), (1e9, 1, 8, 200, 50)]
+    for _ in range(5):
+        domain = rng.choice([4, 8, 72])
+        cases.append((rng.uniform(1e6, 1e10), rng.choice([2, 4, 8, 16, 32, 64, 128, 256]), domain,
+                      rng.uniform(100, 900), rng.uniform(12.5, 100)))
+    for b, group, domain, nv, net in cases:
+        fab = topology.Fabric("f", domain, nv, net)
+        expected = topology.all_to_all_seconds(b, group, fab)
+        got = all_to_all_seconds(b, group, domain, nv, net)
+        where = f"all_to_all_seconds({b:.3g}, group={group}, domain={domain}, nvlink={nv:.4g}, network={net:.4g})"
+        expect(got is not None, "all_to_all_seconds returned None -- return seconds")
+        inside = min(group, domain)
+        t_nv, t_net = b * (inside - 1) / group / (nv * 1e9), b * (group - inside) / group / (net * 1e9)
+        if group > domain and _near(got, b * (group - 1) / group / (nv * 1e9)):
+            expect(False, f"{where} = {got:.6g}: everything went at NVLink speed, but {group - inside} of the "
+                          f"{group} ranks are outside the {domain}-GPU NVLink domain and are reached over the "
+                          f"network")
+        if t_nv > 0 and t_net > 0 and _near(got, t_nv + t_net):
+            expect(False, f"{where} = {got:.6g}: you added the NVLink and network times; both links carry their "
+                          f"share at the same time, so the slower one sets the time ({expected:.6g})")
+        if group > 1 and _near(got, max(b * inside / group / (nv * 1e9), t_net)) and not _near(expected, got):
+            expect(False, f"{where} = {got:.6g}: the share a GPU keeps for itself does not cross any link "
+                          f"(count group - 1 peers, not group)")
+        expect_close(got, expected, where, rtol=1e-6, atol=0.0)
+    return "max(NVLink share / NVLink bandwidth, network share / network bandwidth)"

@@ -1,0 +1,95 @@
+"""Lab 09 checkers: right answers pass, each classic mistake fails with a telling message, stubs are not attempted."""
+import pytest
+
+from common import topology
+from common.checks import CheckFailed
+from common.exercises.lab09 import (check_aggregate_nvlink, check_all_to_all_seconds, check_memory_per_gpu,
+                                    check_rack_pflops)
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError("Exercise: replace this line with your code")
+
+
+# ---- 9.1
+def test_aggregate_nvlink_right_and_stub():
+    assert check_aggregate_nvlink(lambda g, b: g * b / 1000).passed
+    assert check_aggregate_nvlink(stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda g, b: g * b, r"that is GB/s"),
+    (lambda g, b: g * b / 2000, r"halved"),
+    (lambda g, b: b / 1000, r"one GPU's figure"),
+    (lambda g, b: None, r"returned None"),
+])
+def test_aggregate_nvlink_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        check_aggregate_nvlink(wrong)
+
+
+# ---- 9.2
+def test_rack_pflops_right_and_stub():
+    assert check_rack_pflops(lambda g, t, s: g * t / 1000 / (1 if s else 2)).passed
+    assert check_rack_pflops(stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda g, t, s: g * t / 1000, r"that is the sparse figure"),
+    (lambda g, t, s: g * t / 2000, r"already the sparse one"),
+    (lambda g, t, s: g * t / (1 if s else 2), r"TFLOP/s"),
+])
+def test_rack_pflops_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        check_rack_pflops(wrong)
+
+
+# ---- 9.3
+def right_memory(dense, experts, tp, pp, dp, ep):
+    d, e = dense / (tp * pp), experts / (tp * pp * ep)
+    return ((d + e) * 4 + 12 * (d / dp + e / (dp // ep))) / 1e9
+
+
+def test_memory_per_gpu_right_and_stub():
+    assert check_memory_per_gpu(right_memory).passed
+    assert check_memory_per_gpu(stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda *a: right_memory(*a) * 1e9 / 2**30, r"GiB"),
+    (lambda dense, experts, tp, pp, dp, ep: (dense / (tp * pp) + experts / (tp * pp * ep)) * 16 / 1e9,
+     r"not sharded"),
+    (lambda dense, experts, tp, pp, dp, ep: right_memory(dense + experts, 0.0, tp, pp, dp, 1), r"not split by EP"),
+    (lambda *a: right_memory(*a) * 1.1, r"expected"),
+])
+def test_memory_per_gpu_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        check_memory_per_gpu(wrong)
+
+
+# ---- 9.4
+def right_a2a(b, group, domain, nv, net):
+    inside = min(group, domain)
+    return max(b * (inside - 1) / group / (nv * 1e9), b * (group - inside) / group / (net * 1e9))
+
+
+def test_all_to_all_right_and_stub():
+    assert check_all_to_all_seconds(right_a2a).passed
+    assert check_all_to_all_seconds(stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda b, g, d, nv, net: b * (g - 1) / g / (nv * 1e9), r"NVLink speed"),
+    (lambda b, g, d, nv, net: b * (min(g, d) - 1) / g / (nv * 1e9) + b * (g - min(g, d)) / g / (net * 1e9),
+     r"added the NVLink and network times"),
+    (lambda b, g, d, nv, net: max(b * min(g, d) / g / (nv * 1e9), b * (g - min(g, d)) / g / (net * 1e9)),
+     r"keeps for itself"),
+])
+def test_all_to_all_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        check_all_to_all_seconds(wrong)
+
+
+def test_reference_agrees_with_module():
+    fab = topology.Fabric("f", 8, 160, 50)
+    assert topology.all_to_all_seconds(1e9, 64, fab) == pytest.approx(right_a2a(1e9, 64, 8, 160, 50))

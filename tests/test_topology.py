@@ -1,0 +1,106 @@
+"""common/topology.py: rack figures derived from per-GPU facts, fabrics, collectives, parallelism layouts."""
+import json
+
+import pytest
+
+from common import topology
+
+
+def test_nvl72_figures_match_nvidia_headlines():
+    f = topology.system_figures("GB200-NVL72")
+    assert (f.gpus, f.cpus) == (72, 36)
+    assert f.nvlink_aggregate_tbs == pytest.approx(129.6)
+    assert round(f.nvlink_aggregate_tbs) == topology.headline("GB200-NVL72", "nvlink_tbs")
+    assert f.pflops[("fp4", "sparse")] == pytest.approx(topology.headline("GB200-NVL72", "pflops_sparse.fp4"))
+    assert f.pflops[("fp4", "dense")] == pytest.approx(f.pflops[("fp4", "sparse")] / 2)
+    assert f.hbm_tb == pytest.approx(topology.headline("GB200-NVL72", "hbm_tb"), rel=0.01)
+    assert f.cpu_memory_tb == pytest.approx(17.28)
+    assert 30 <= f.fast_memory_tb < 31
+    assert f.scale_up_vs_out == pytest.approx(18)
+    assert f.gpu_power_kw < topology.fact("GB200-NVL72", "rack_power_kw")
+
+
+def test_nodes_side_by_side():
+    h100, h800 = topology.system_figures("HGX-H100"), topology.system_figures("H800-node")
+    assert h100.scale_up_vs_out == pytest.approx(9) and h800.scale_up_vs_out == pytest.approx(4)
+    assert ("fp4", "dense") not in h100.pflops
+    assert topology.system_figures("NVLink-576").nvlink_domain == 576
+    m = topology.fabric("H800-node", measured=True)
+    assert (m.nvlink_gbs, m.network_gbs) == (160, 50)
+
+
+def test_all_to_all_inside_and_across_the_domain():
+    fab = topology.Fabric("f", 8, 200.0, 50.0)
+    assert topology.all_to_all_seconds(8e9, 8, fab) == pytest.approx(7e9 / 200e9)
+    assert topology.all_to_all_seconds(64e9, 64, fab) == pytest.approx(56e9 / 50e9)
+    assert topology.all_to_all_seconds(1e9, 1, fab) == 0
+    # strided group: no peer in the same domain
+    assert topology.all_to_all_seconds(8e9, 8, fab, stride=8) == pytest.approx(7e9 / 50e9)
+    assert topology.all_reduce_seconds(1e9, 8, fab) == pytest.approx(2 * 7 / 8 * 1e9 / 200e9)
+    assert topology.all_reduce_seconds(1e9, 16, fab) == pytest.approx(2 * 15 / 16 * 1e9 / 50e9)
+    assert topology.ep_network_copies(8, 64, fab) == pytest.approx(7)
+    assert topology.ep_network_copies(8, 64, fab, max_nodes_per_token=4) == pytest.approx(3.5)
+
+
+def test_deepseek_layout_memory_and_communication():
+    m = topology.model_sketch("deepseek_v3")
+    assert m.total_params == pytest.approx(671e9, rel=0.01)
+    ds = topology.Layout(tp=1, pp=16, dp=128, ep=64)
+    assert ds.gpus == 2048
+    mem = topology.memory_per_gpu_gb(m, ds)
+    assert 5 < mem["total"] < 20  # fits an 80 GB H800 with room for activations, without TP
+    tok = 15360 * 4096
+    fab = topology.fabric("H800-node", measured=True)
+    comm = topology.step_communication(m, ds, fab, tok)
+    assert comm["tp_all_reduce"] == 0 and comm["ep_all_to_all"] > 0
+    limited = topology.step_communication(m, ds, fab, tok, max_nodes_per_token=4)
+    assert limited["ep_all_to_all"] == pytest.approx(comm["ep_all_to_all"] / 2)
+    tp8 = topology.step_communication(m, topology.Layout(tp=8, pp=16, dp=16, ep=8), fab, tok)
+    assert tp8["tp_all_reduce"] > limited["ep_all_to_all"]
+    nvl = topology.step_communication(m, ds, topology.fabric("GB200-NVL72"), tok)
+    assert nvl["ep_all_to_all"] < comm["ep_all_to_all"] / 10
+
+
+def test_dense_model_memory_without_and_with_zero():
+    m = topology.dense_sketch("dense", 400e9, 128, 16384)
+    a = topology.memory_per_gpu_gb(m, topology.Layout(tp=8, pp=16, dp=16, zero1=False))
+    b = topology.memory_per_gpu_gb(m, topology.Layout(tp=8, pp=16, dp=16))
+    assert a["total"] == pytest.approx(400e9 * 16 / 128 / 1e9)
+    assert b["optimizer"] == pytest.approx(a["optimizer"] / 16)
+
+
+def test_compute_seconds():
+    assert topology.compute_seconds(1e9, 1e6, 10, 1000, 0.5) == pytest.approx(6e15 / (10 * 1e15 * 0.5))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: topology.system_figures("DGX-9000"), r"system_id='DGX-9000'.*allowed: GB200-NVL72"),
+    (lambda: topology.Layout(tp=0), r"tp=0"),
+    (lambda: topology.Layout(dp=4, ep=3), r"ep=3 does not divide dp=4"),
+    (lambda: topology.aggregate_nvlink_tbs(-72, 1800), r"gpus=-72"),
+    (lambda: topology.rack_pflops(72, 0), r"per_gpu_tflops=0"),
+    (lambda: topology.all_to_all_seconds(1e9, 0, topology.fabric("H800-node")), r"group size 0"),
+    (lambda: topology.compute_seconds(1e9, 1e6, 8, 989, 0), r"mfu=0"),
+    (lambda: topology.fact("HGX-H100", "lpddr5x_gb_per_cpu"), r"not recorded for HGX-H100"),
+])
+def test_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_every_fact_has_a_source():
+    data = json.loads(topology.SYSTEMS_PATH.read_text())
+    for sid, sysd in data["systems"].items():
+        for name, entry in {**sysd["facts"], **sysd["headline"]}.items():
+            assert entry["source"] in data["sources"], f"{sid}.{name}"
+            assert "http" in topology.source(sid, name)
+
+
+def test_draw_topology_all_systems():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    for sid in ("HGX-H100", "H800-node", "GB200-NVL72"):
+        ax = topology.draw_topology(sid)
+        assert "NVLink" in ax.get_title()
+        plt.close("all")
