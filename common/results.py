@@ -29,8 +29,13 @@ def validate_name(name: str) -> None:
                          f"(segments of [a-z0-9_]; hardware ids such as H100-SXM may appear as segments)")
 
 
-def record(name: str, value: float, unit: str, *, higher_is_better: bool | None = None, note: str = "") -> dict:
-    """Append a result to the ledger and to this session's list; return the record."""
+def record(name: str, value: float, unit: str, *, higher_is_better: bool | None = None, measured: bool | None = None,
+           note: str = "") -> dict:
+    """Append a result to the ledger and to this session's list; return the record.
+
+    A measured result (a time, a bandwidth: it varies run to run) is compared with its baseline within a noise
+    tolerance; give `higher_is_better` when it has a direction (that also marks it measured), or `measured=True`
+    when it has none. Anything else is deterministic (a formula's output) and compared tightly."""
     validate_name(name)
     try:
         value = float(value)
@@ -41,6 +46,7 @@ def record(name: str, value: float, unit: str, *, higher_is_better: bool | None 
     env = current()
     rec = {"name": name, "value": value, "unit": unit, "lab": env.lab, "device": env.device_id,
            "device_name": env.device_name, "profile": env.profile}
+    rec["measured"] = bool(measured) if measured is not None else higher_is_better is not None
     if higher_is_better is not None:
         rec["higher_is_better"] = higher_is_better
     if note:
@@ -81,11 +87,11 @@ def load_baseline(device_id: str, root: Path = REPO_ROOT / "data" / "baselines")
 
 
 def compare_with_baseline(records: list[dict], baseline: dict) -> list[dict]:
-    """Each record with `baseline`, `ratio` and `status`: ok / regression / improved / changed / new.
+    """Each record with `baseline`, `ratio` and `status`: ok / regression / improved / drift / changed / new.
 
-    A result is a regression when it is worse than the baseline by more than the entry's relative tolerance
-    (worse means lower when higher_is_better, higher when not); where the direction is unknown (deterministic
-    results), any change beyond the tolerance is "changed" and counts as a failure.
+    A measured result is a regression when it is worse than the baseline by more than the entry's relative tolerance
+    (worse means lower when higher_is_better, higher when not), "drift" when it has no direction. A deterministic
+    result that moves beyond its tolerance is "changed": the arithmetic changed, which counts as a failure.
     """
     out = []
     for rec in records:
@@ -98,10 +104,13 @@ def compare_with_baseline(records: list[dict], baseline: dict) -> list[dict]:
         b, tol = float(base["value"]), float(base.get("tolerance", 0.0))
         ratio = rec["value"] / b if b else (1.0 if rec["value"] == 0 else float("inf"))
         hib = base.get("higher_is_better", rec.get("higher_is_better"))
+        measured = base.get("measured", "higher_is_better" in base)
         if abs(ratio - 1.0) <= tol + 1e-9:
             status = "ok"
-        elif hib is None:
+        elif not measured:
             status = "changed"
+        elif hib is None:
+            status = "drift"
         elif (ratio > 1.0) == bool(hib):
             status = "improved"
         else:
@@ -113,12 +122,13 @@ def compare_with_baseline(records: list[dict], baseline: dict) -> list[dict]:
 
 def make_baseline(records: list[dict], device_id: str, measured_tolerance: float, note: str = "") -> dict:
     """A baseline file's content from ledger records: deterministic results get a tight tolerance (1e-6),
-    measured ones (those with a direction) `measured_tolerance`."""
+    measured ones `measured_tolerance`."""
     results = {}
     for r in records:
-        measured = "higher_is_better" in r
-        entry = {"value": r["value"], "unit": r["unit"], "tolerance": measured_tolerance if measured else 1e-6}
-        if measured:
+        measured = r.get("measured", "higher_is_better" in r)
+        entry = {"value": r["value"], "unit": r["unit"], "tolerance": measured_tolerance if measured else 1e-6,
+                 "measured": measured}
+        if "higher_is_better" in r:
             entry["higher_is_better"] = r["higher_is_better"]
         results[r["name"]] = entry
     return {"device": device_id, "note": note, "results": dict(sorted(results.items()))}

@@ -125,7 +125,7 @@ def write_report(runs: list[Run], profile: str, build: Path, strict: bool = Fals
              "", "| notebook | kind | status | wall time (s) | results | vs baseline |", "|---|---|---|---|---|---|"]
     for run in runs:
         rows = [compared.get((r["lab"], r["name"])) for r in run.records] if run.kind == "solutions" else []
-        flagged = [row for row in rows if row and row["status"] in ("regression", "changed")]
+        flagged = [row for row in rows if row and row["status"] in ("regression", "changed", "drift")]
         verdict = ("-" if not rows else f"{len(flagged)} flagged" if flagged else "ok")
         lines.append(f"| {run.name[:-6]} | {run.kind} | {run.status} | {run.seconds:.1f} | {len(run.records)} | "
                      f"{verdict} |")

@@ -36,10 +36,19 @@ def test_compare_with_baseline_directions():
     base = {"a.fast": {"value": 100.0, "tolerance": 0.1, "higher_is_better": True},
             "a.slow": {"value": 100.0, "tolerance": 0.1, "higher_is_better": False},
             "a.exact": {"value": 3.0, "tolerance": 1e-6}}
+    base["a.ratio"] = {"value": 2.0, "tolerance": 0.2, "measured": True}
     recs = [{"name": "a.fast", "value": 70.0}, {"name": "a.slow", "value": 95.0},
-            {"name": "a.exact", "value": 3.5}, {"name": "a.new", "value": 1.0}]
+            {"name": "a.exact", "value": 3.5}, {"name": "a.new", "value": 1.0}, {"name": "a.ratio", "value": 3.0}]
     status = {r["name"]: r["status"] for r in results.compare_with_baseline(recs, base)}
-    assert status == {"a.fast": "regression", "a.slow": "ok", "a.exact": "changed", "a.new": "new"}
+    assert status == {"a.fast": "regression", "a.slow": "ok", "a.exact": "changed", "a.new": "new",
+                      "a.ratio": "drift"}
+
+
+def test_measured_flag_without_direction():
+    rec = results.record("m.shift", 0.2, "fraction", measured=True)
+    assert rec["measured"] and "higher_is_better" not in rec
+    assert results.record("m.flops", 2.0, "x")["measured"] is False
+    assert results.record("m.gbps", 2.0, "GB/s", higher_is_better=True)["measured"] is True
 
 
 def test_planted_slowdown_is_flagged_noise_is_not():
@@ -49,8 +58,8 @@ def test_planted_slowdown_is_flagged_noise_is_not():
 
 
 def test_make_baseline_roundtrip():
-    recs = [{"name": "m.x", "value": 2.0, "unit": "s", "higher_is_better": False}, {"name": "m.y", "value": 3.0,
-                                                                                    "unit": "B"}]
+    recs = [{"name": "m.x", "value": 2.0, "unit": "s", "higher_is_better": False, "measured": True},
+            {"name": "m.y", "value": 3.0, "unit": "B", "measured": False}]
     b = results.make_baseline(recs, "cpu", 0.3)
     assert b["results"]["m.x"]["tolerance"] == 0.3 and b["results"]["m.y"]["tolerance"] == 1e-6
     assert all(r["status"] == "ok" for r in results.compare_with_baseline(recs, b["results"]))

@@ -1,0 +1,160 @@
+"""Every lab 02 checker: a right implementation passes, each classic mistake fails with a telling message, a stub
+is "not attempted"."""
+import math
+
+import pytest
+
+from common import hardware
+from common import roofline as rl
+from common.checks import CheckFailed
+from common.exercises import lab02
+
+B = {"fp64": 8, "fp32": 4, "bf16": 2, "fp8": 1}
+
+
+def stub(*args):
+    raise NotImplementedError("Exercise 2.x: replace this line with your code")
+
+
+def _not_attempted(check):
+    assert check(stub).status == "not attempted"
+
+
+# 2.1 -----------------------------------------------------------------------------------------------------------
+def test_vector_add_cost():
+    assert lab02.check_vector_add_cost(lambda n, d: (n, 3 * n * B[d])).passed
+    with pytest.raises(CheckFailed, match="reads a, reads b and writes c"):
+        lab02.check_vector_add_cost(lambda n, d: (n, 2 * n * B[d]))
+    with pytest.raises(CheckFailed, match="counted in elements"):
+        lab02.check_vector_add_cost(lambda n, d: (n, 3 * n))
+    with pytest.raises(CheckFailed, match="1 FLOP, not 2"):
+        lab02.check_vector_add_cost(lambda n, d: (2 * n, 3 * n * B[d]))
+    with pytest.raises(CheckFailed, match="expected a pair"):
+        lab02.check_vector_add_cost(lambda n, d: n / (3 * n * B[d]))
+    _not_attempted(lab02.check_vector_add_cost)
+
+
+# 2.2 -----------------------------------------------------------------------------------------------------------
+def test_gemm_cost():
+    assert lab02.check_gemm_cost(lambda m, n, k, d: (2 * m * n * k, (m * k + k * n + m * n) * B[d])).passed
+    assert lab02.check_gemm_cost(lambda m, n, k, d: rl.gemm_cost(m, n, k, d)).passed  # a Cost unpacks too
+    with pytest.raises(CheckFailed, match="each is 2 FLOPs"):
+        lab02.check_gemm_cost(lambda m, n, k, d: (m * n * k, (m * k + k * n + m * n) * B[d]))
+    with pytest.raises(CheckFailed, match="miss writing C"):
+        lab02.check_gemm_cost(lambda m, n, k, d: (2 * m * n * k, (m * k + k * n) * B[d]))
+    with pytest.raises(CheckFailed, match="counted in elements"):
+        lab02.check_gemm_cost(lambda m, n, k, d: (2 * m * n * k, m * k + k * n + m * n))
+    with pytest.raises(CheckFailed, match="returned None"):
+        lab02.check_gemm_cost(lambda m, n, k, d: None)
+    _not_attempted(lab02.check_gemm_cost)
+
+
+# 2.3 -----------------------------------------------------------------------------------------------------------
+def test_softmax_cost():
+    assert lab02.check_softmax_cost(lambda r, c, d: (5 * r * c, 2 * r * c * B[d])).passed
+    with pytest.raises(CheckFailed, match="only the read"):
+        lab02.check_softmax_cost(lambda r, c, d: (5 * r * c, r * c * B[d]))
+    with pytest.raises(CheckFailed, match="5 FLOPs per element"):
+        lab02.check_softmax_cost(lambda r, c, d: (3 * r * c, 2 * r * c * B[d]))
+    with pytest.raises(CheckFailed, match="counted in elements"):
+        lab02.check_softmax_cost(lambda r, c, d: (5 * r * c, 2 * r * c))
+    _not_attempted(lab02.check_softmax_cost)
+
+
+# 2.4 -----------------------------------------------------------------------------------------------------------
+def test_layernorm_cost():
+    assert lab02.check_layernorm_cost(lambda r, c, d: (8 * r * c, (2 * r * c + 2 * c) * B[d])).passed
+    with pytest.raises(CheckFailed, match="weight and bias vectors"):
+        lab02.check_layernorm_cost(lambda r, c, d: (8 * r * c, 2 * r * c * B[d]))
+    with pytest.raises(CheckFailed, match="once per call, not once per row"):
+        lab02.check_layernorm_cost(lambda r, c, d: (8 * r * c, 4 * r * c * B[d]))
+    with pytest.raises(CheckFailed, match="8 FLOPs per element"):
+        lab02.check_layernorm_cost(lambda r, c, d: (5 * r * c, (2 * r * c + 2 * c) * B[d]))
+    _not_attempted(lab02.check_layernorm_cost)
+
+
+# 2.5 -----------------------------------------------------------------------------------------------------------
+def _attn(b, h, s, d, dt, flops_terms=(4, 5), byte_terms=(4, 4), per_head=False):
+    bh = 1 if per_head else b * h
+    fd, fs = flops_terms
+    bd, bs = byte_terms
+    return bh * (fd * s * s * d + fs * s * s), bh * (bd * s * d + bs * s * s) * B[dt]
+
+
+def test_attention_cost():
+    assert lab02.check_attention_cost(lambda *a: _attn(*a)).passed
+    with pytest.raises(CheckFailed, match="FlashAttention's bytes"):
+        lab02.check_attention_cost(lambda *a: _attn(*a, byte_terms=(4, 0)))
+    with pytest.raises(CheckFailed, match="written once and read once"):
+        lab02.check_attention_cost(lambda *a: _attn(*a, byte_terms=(4, 2)))
+    with pytest.raises(CheckFailed, match="miss the softmax"):
+        lab02.check_attention_cost(lambda *a: _attn(*a, flops_terms=(4, 0)))
+    with pytest.raises(CheckFailed, match="a multiply-add is 2 FLOPs"):
+        lab02.check_attention_cost(lambda *a: _attn(*a, flops_terms=(2, 5)))
+    with pytest.raises(CheckFailed, match="multiply by batch x heads"):
+        lab02.check_attention_cost(lambda *a: _attn(*a, per_head=True))
+    _not_attempted(lab02.check_attention_cost)
+
+
+# 2.6 -----------------------------------------------------------------------------------------------------------
+def test_attainable():
+    assert lab02.check_attainable(lambda x, p, bw: min(p, x * bw)).passed
+    with pytest.raises(CheckFailed, match="larger of the two"):
+        lab02.check_attainable(lambda x, p, bw: max(p, x * bw))
+    with pytest.raises(CheckFailed, match="differ|expected"):  # right on one side of the ridge only
+        lab02.check_attainable(lambda x, p, bw: x * bw if x < 500 else 0.5 * p)
+    with pytest.raises(CheckFailed, match="exceeds the compute peak"):
+        lab02.check_attainable(lambda x, p, bw: x * bw)
+    with pytest.raises(CheckFailed, match="below the ridge the bandwidth limits"):
+        lab02.check_attainable(lambda x, p, bw: p)
+    with pytest.raises(CheckFailed, match="returned None"):
+        lab02.check_attainable(lambda x, p, bw: None)
+    _not_attempted(lab02.check_attainable)
+
+
+# 2.7 -----------------------------------------------------------------------------------------------------------
+def _ridge(g, d, sparse=False, scale=1.0):
+    return hardware.peak_tflops(g, d, sparse) * 1e12 / (hardware.gpu(g).hbm_bandwidth_tbs * 1e12) * scale
+
+
+def test_ridge():
+    assert lab02.check_ridge(_ridge).passed
+    with pytest.raises(CheckFailed, match="sparse"):
+        lab02.check_ridge(lambda g, d: _ridge(g, d, sparse=hardware.gpu(g).tflops[d]["sparse"] is not None))
+    with pytest.raises(CheckFailed, match="units mixed up"):
+        lab02.check_ridge(lambda g, d: hardware.peak_tflops(g, d) / (hardware.gpu(g).hbm_bandwidth_tbs * 1e3) * 1e6)
+    with pytest.raises(CheckFailed, match="units mixed up"):
+        lab02.check_ridge(lambda g, d: _ridge(g, d, scale=1e-3))
+    with pytest.raises(CheckFailed, match="ridge\\('A100-SXM', 'fp64'\\)"):  # a wrong rate for one dtype
+        lab02.check_ridge(lambda g, d: _ridge(g, d) * (1.1 if d == "fp64" else 1.0))
+    _not_attempted(lab02.check_ridge)
+
+
+# 2.8 -----------------------------------------------------------------------------------------------------------
+def _critical(g, d, k, n, sparse=False):
+    r = _ridge(g, d, sparse)
+    b = rl.dtype_bytes(d)
+    return math.ceil(r * b * k * n / (2 * k * n - r * b * (k + n)))
+
+
+def _scan(g, d, k, n):
+    r, batch = _ridge(g, d), 1
+    while 2 * batch * k * n / (rl.dtype_bytes(d) * (batch * k + k * n + batch * n)) < r:
+        batch += 1
+    return batch
+
+
+def test_critical_batch():
+    assert lab02.check_critical_batch(_critical).passed
+    assert lab02.check_critical_batch(_scan).passed  # a plain search is right too
+    with pytest.raises(CheckFailed, match="one short"):
+        lab02.check_critical_batch(lambda g, d, k, n: _critical(g, d, k, n) - 1)
+    with pytest.raises(CheckFailed, match="weights-only estimate"):
+        lab02.check_critical_batch(lambda g, d, k, n: math.ceil(_ridge(g, d) * rl.dtype_bytes(d) / 2))
+    with pytest.raises(CheckFailed, match="sparse"):
+        lab02.check_critical_batch(lambda g, d, k, n: _critical(g, d, k, n, sparse=True))
+    with pytest.raises(CheckFailed, match="whole number"):
+        lab02.check_critical_batch(lambda g, d, k, n: _critical(g, d, k, n) - 0.5)
+    with pytest.raises(CheckFailed, match="expected"):
+        lab02.check_critical_batch(lambda g, d, k, n: _critical(g, d, k, n) + 7)
+    _not_attempted(lab02.check_critical_batch)
