@@ -1,0 +1,165 @@
+"""Checkers for lab 07 (collectives): all-reduce cost formulas, nccl-tests bus factors, the alpha/beta fit."""
+from __future__ import annotations
+
+import math
+import random
+
+from common import collectives as C
+from common.checks import checker, expect, expect_close, fail
+
+
+def _close(a, b, rtol=1e-6) -> bool:
+    try:
+        return math.isclose(float(a), float(b), rel_tol=rtol, abs_tol=1e-15)
+    except (TypeError, ValueError):
+        return False
+
+
+_RD_NAME = "recursive_doubling"
+
+
+@checker("7.1", "all-reduce cost formulas: ring, tree, recursive doubling")
+def check_allreduce_time(allreduce_time):
+    """allreduce_time(algorithm, n_bytes, p, alpha, bandwidth) -> seconds, for "ring", "tree", "recursive_doubling"."""
+    rng = random.Random()
+    cases = [(2**20, 8, 5e-6, 100e9), (1000, 2, 1e-6, 1e9), (2**30, 6, 3e-6, 450e9), (64, 1, 5e-6, 1e9)]
+    cases += [(rng.randint(1, 2**31), rng.randint(2, 64), rng.uniform(1e-7, 2e-5), rng.uniform(1e9, 9e11))
+              for _ in range(6)]
+    for algorithm in ("ring", "tree", _RD_NAME):
+        for n, p, alpha, bw in cases:
+            expected = C.allreduce_time(algorithm, n, p, alpha, bw)
+            got = allreduce_time(algorithm, n, p, alpha, bw)
+            expect(got is not None, f"allreduce_time({algorithm!r}, ...) returned None -- return seconds")
+            where = f"allreduce_time({algorithm!r}, n_bytes={n}, p={p}, alpha={alpha:.3g}, bandwidth={bw:.3g})"
+            if _close(got, expected, 1e-6):
+                continue
+            if p == 1:
+                expect(_close(got, 0.0) or abs(float(got)) < 1e-15,
+                       f"{where} = {float(got):.3g}: with one rank there is nothing to exchange, the time is 0")
+                continue
+            lg = math.ceil(math.log2(p))
+            if algorithm == "ring":
+                if _close(got, (p - 1) * alpha + (p - 1) / p * n / bw):
+                    fail(f"{where}: you timed a reduce-scatter (or an all-gather) alone; a ring all-reduce is a "
+                         f"reduce-scatter followed by an all-gather: 2(p-1) steps and 2(p-1)/p * n bytes per rank")
+                if _close(got, 2 * (p - 1) * alpha + 2 * n / bw) or _close(got, 2 * (p - 1) * (alpha + n / bw)):
+                    fail(f"{where}: each ring step sends one chunk of n/p bytes, not the whole buffer: the bandwidth "
+                         f"term is 2(p-1)/p * n / bandwidth")
+                if _close(got, 2 * p * alpha + 2 * (p - 1) / p * n / bw):
+                    fail(f"{where}: a ring of p ranks needs p-1 steps per phase, not p (2(p-1) alphas in all)")
+            elif algorithm == "tree":
+                if _close(got, lg * (alpha + n / bw)):
+                    fail(f"{where}: that is only the reduction up the tree; the result must come back down: "
+                         f"2 * ceil(log2 p) * (alpha + n / bandwidth)")
+            else:
+                if p & (p - 1) and _close(got, math.log2(p) * (alpha + n / bw)):
+                    fail(f"{where}: p={p} is not a power of two; the number of exchange rounds is ceil(log2 p) = "
+                         f"{lg}, a whole number")
+                if _close(got, 2 * lg * (alpha + n / bw)):
+                    fail(f"{where}: recursive doubling does not reduce then broadcast: each of its ceil(log2 p) "
+                         f"rounds exchanges the whole buffer and leaves both partners with the partial sum")
+            expect_close(got, expected, where, rtol=1e-6)
+    # the trade-off the formulas must show
+    small, big = 1024, 2**30
+    ring_s, rd_s = allreduce_time("ring", small, 64, 5e-6, 100e9), allreduce_time(_RD_NAME, small, 64, 5e-6, 100e9)
+    ring_b, rd_b = allreduce_time("ring", big, 64, 5e-6, 100e9), allreduce_time(_RD_NAME, big, 64, 5e-6, 100e9)
+    expect(rd_s < ring_s and ring_b < rd_b, "over 64 ranks recursive doubling should win for 1 KiB (fewer steps) and "
+                                            "the ring for 1 GiB (fewer bytes per rank)")
+    return (f"ring, tree and recursive doubling right for {len(cases)} cases each; latency-optimal wins small "
+            f"messages, the ring wins large ones")
+
+
+_FACTOR_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+
+@checker("7.2", "nccl-tests bus factors")
+def check_bus_factor(bus_factor):
+    """bus_factor(collective, p) -> busbw / algbw as nccl-tests define it."""
+    rng = random.Random()
+    ps = [2, 8, 3] + [rng.randint(2, 1024) for _ in range(4)]
+    for coll in _FACTOR_COLLECTIVES:
+        for p in ps:
+            got = bus_factor(coll, p)
+            expected = C.bus_factor(coll, p)
+            where = f"bus_factor({coll!r}, p={p})"
+            expect(got is not None, f"{where} returned None -- return the factor")
+            if _close(got, expected, 1e-9):
+                continue
+            if coll == "all_reduce" and _close(got, (p - 1) / p):
+                fail(f"{where} = {float(got):.6g}: an all-reduce moves 2(p-1)/p of the buffer per rank "
+                     f"(reduce-scatter + all-gather), so its factor is 2(p-1)/p = {expected:.6g}")
+            if coll in ("all_gather", "reduce_scatter", "all_to_all") and _close(got, 2 * (p - 1) / p):
+                fail(f"{where} = {float(got):.6g}: the factor 2 belongs to the all-reduce only; "
+                     f"{coll} moves (p-1)/p of the data per rank: {expected:.6g}")
+            if _close(got, p / (p - 1)) or (coll == "all_reduce" and _close(got, p / (2 * (p - 1)))):
+                fail(f"{where} = {float(got):.6g}: upside down -- busbw = algbw * factor, and the factor is "
+                     f"the fraction of the buffer each rank sends: {expected:.6g}")
+            if coll == "broadcast" and not _close(got, 1.0):
+                fail(f"{where} = {float(got):.6g}: a (pipelined) broadcast sends every byte over each link once; "
+                     f"its bus factor is 1")
+            expect_close(got, expected, where, rtol=1e-9)
+    big = bus_factor("all_reduce", 10**6)
+    expect(abs(big - 2) < 1e-5, f"bus_factor('all_reduce', 10**6) = {big}: it should approach 2 for many ranks")
+    return "all-reduce 2(p-1)/p; all-gather, reduce-scatter, all-to-all (p-1)/p; broadcast 1"
+
+
+def _synthetic(rng: random.Random, noise: float):
+    p = rng.randint(2, 16)
+    alpha = rng.uniform(1e-6, 50e-6)
+    bw = rng.uniform(0.5e9, 500e9)
+    k = rng.randint(8, 14)
+    lo, hi = rng.uniform(6, 10), 31  # up to 2 GiB: the bandwidth term dominates the largest message
+    sizes = [int(2 ** (lo + (hi - lo) * i / (k - 1))) for i in range(k)]
+    times = [C.ring_allreduce_time(n, p, alpha, bw) * math.exp(rng.gauss(0, noise)) for n in sizes]
+    return p, alpha, bw, sizes, times
+
+
+def _absolute_fit(sizes, times, p):
+    import numpy as np
+    a = np.stack([np.full(len(sizes), 2.0 * (p - 1)), C.bus_factor("all_reduce", p) * np.asarray(sizes, float)], 1)
+    x, *_ = np.linalg.lstsq(a, np.asarray(times, float), rcond=None)
+    return x[0], 1 / x[1]
+
+
+@checker("7.3", "fit alpha and bandwidth by least squares")
+def check_fit_alpha_beta(fit_alpha_beta):
+    """fit_alpha_beta(sizes_bytes, seconds, p) -> (alpha_s, bandwidth_Bps) of a ring all-reduce, relative least
+    squares."""
+    rng = random.Random()
+    # exact data first: any correct fit recovers the parameters
+    for _ in range(3):
+        p, alpha, bw, sizes, times = _synthetic(rng, 0.0)
+        got = fit_alpha_beta(sizes, times, p)
+        expect(isinstance(got, (tuple, list)) and len(got) == 2,
+               f"fit_alpha_beta must return (alpha_seconds, bandwidth_bytes_per_s), got {got!r}")
+        a, b = float(got[0]), float(got[1])
+        where = f"noise-free times of a ring all-reduce over p={p} (alpha={alpha:.3g} s, bandwidth={bw:.3g} B/s)"
+        if _close(a, alpha, 1e-4) and _close(b, bw, 1e-4):
+            continue
+        if _close(a, 2 * (p - 1) * alpha, 1e-4):
+            fail(f"{where}: your alpha {a:.3g} s is the fitted intercept, the latency of all 2(p-1) steps; divide "
+                 f"by 2(p-1) = {2 * (p - 1)} to get alpha per step")
+        if _close(b, bw / C.bus_factor("all_reduce", p), 1e-4):
+            fail(f"{where}: your bandwidth {b:.3g} B/s is 1/slope, the algorithm bandwidth; each rank sends "
+                 f"2(p-1)/p of the buffer, so the link bandwidth is 2(p-1)/p / slope = {bw:.3g} B/s")
+        if _close(b, 1 / bw, 1e-4):
+            fail(f"{where}: you returned the slope (seconds per byte, beta) instead of the bandwidth 1/beta")
+        expect_close(a, alpha, f"alpha from {where}", rtol=1e-4)
+        expect_close(b, bw, f"bandwidth from {where}", rtol=1e-4)
+    # noisy data: the relative least-squares solution is unique
+    for _ in range(3):
+        p, alpha, bw, sizes, times = _synthetic(rng, 0.05)
+        ref = C.fit_alpha_beta(sizes, times, p)
+        got = fit_alpha_beta(sizes, times, p)
+        a, b = float(got[0]), float(got[1])
+        where = f"times with 5% noise, p={p}"
+        ab_alpha, ab_bw = _absolute_fit(sizes, times, p)
+        right = _close(a, ref.alpha_s, 1e-4) and _close(b, ref.bandwidth_Bps, 1e-4)
+        if not right and _close(a, ab_alpha, 1e-6) and _close(b, ab_bw, 1e-6):
+            fail(f"{where}: you fitted absolute times (alpha {a:.3g} s, bandwidth {b:.3g} B/s; the relative fit gives "
+                 f"{ref.alpha_s:.3g} s, {ref.bandwidth_Bps:.3g} B/s): the largest messages then decide everything and "
+                 f"alpha is left to their noise. Divide each equation (row of the matrix and its time) by its "
+                 f"measured time to fit relative error")
+        expect_close(a, ref.alpha_s, f"alpha from {where}", rtol=1e-4)
+        expect_close(b, ref.bandwidth_Bps, f"bandwidth from {where}", rtol=1e-4)
+    return "recovers alpha and the link bandwidth, fitting relative error"

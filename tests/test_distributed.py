@@ -1,0 +1,102 @@
+"""The process launcher: results by rank, errors with rank and traceback, timeouts, interrupts, no leftovers."""
+import _thread
+import threading
+
+import psutil
+import pytest
+
+from common import distributed as D
+
+
+def _assert_nothing_left():
+    pids = D.last_run.get("pids", [])
+    assert pids, "run_workers did not record its processes"
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"worker processes left behind: {alive}"
+    assert not D.port_in_use(D.last_run["port"]), "the rendezvous port is still open"
+
+
+def test_results_by_rank_and_allreduce():
+    out = D.run_workers(D.hello_worker, 3, backend="gloo")
+    assert [o["rank"] for o in out] == [0, 1, 2]
+    assert all(o["sum"] == 6.0 and o["world_size"] == 3 and o["backend"] == "gloo" for o in out)
+    assert len({o["pid"] for o in out}) == 3
+    _assert_nothing_left()
+
+
+def test_worker_exception_names_rank_and_traceback():
+    with pytest.raises(D.WorkerError, match=r"rank 2 of 3 raised ValueError: bad input on rank 2") as info:
+        D.run_workers(D.failing_worker, 3, args=(2, "bad input on rank 2"), backend="gloo", timeout=60)
+    assert info.value.rank == 2 and info.value.exc_type == "ValueError"
+    assert "failing_worker" in str(info.value) and "Traceback" in info.value.worker_traceback
+    assert isinstance(info.value.__cause__, ValueError)
+    _assert_nothing_left()
+
+
+def test_worker_that_dies_silently_is_reported():
+    with pytest.raises(D.WorkerError, match=r"rank 1 of 2 exited with code 7 without reporting"):
+        D.run_workers(D.exiting_worker, 2, args=(1, 7), backend="gloo", timeout=60)
+    _assert_nothing_left()
+
+
+def test_timeout_stops_everything():
+    with pytest.raises(TimeoutError, match=r"did not finish within timeout=4 s"):
+        D.run_workers(D.sleeping_worker, 2, args=(60,), backend="gloo", timeout=4)
+    _assert_nothing_left()
+
+
+def test_keyboard_interrupt_stops_everything():
+    timer = threading.Timer(4.0, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            D.run_workers(D.sleeping_worker, 2, args=(60,), backend="gloo", timeout=60)
+    finally:
+        timer.cancel()
+    _assert_nothing_left()
+
+
+@pytest.mark.parametrize("ws, match", [(0, r"world_size=0 must be at least 1"),
+                                       (-2, r"world_size=-2 must be at least 1"),
+                                       (2.0, r"world_size=2.0 must be a whole number"),
+                                       (10**4, r"world_size=10000 is more than this machine can run with gloo: "
+                                               r"at most \d+")])
+def test_bad_world_size(ws, match):
+    with pytest.raises(ValueError, match=match):
+        D.run_workers(D.hello_worker, ws, backend="gloo")
+
+
+def test_bad_backend_and_timeout_and_worker():
+    with pytest.raises(ValueError, match=r"backend='mpi' is not supported"):
+        D.run_workers(D.hello_worker, 2, backend="mpi")
+    with pytest.raises(ValueError, match=r"timeout=0 must be a positive"):
+        D.run_workers(D.hello_worker, 2, backend="gloo", timeout=0)
+    with pytest.raises(ValueError, match=r"cannot import it"):
+        D.run_workers(lambda rank, ws: rank, 2, backend="gloo")
+
+    def local(rank, ws):
+        return rank
+    with pytest.raises(ValueError, match=r"cannot import it"):
+        D.run_workers(local, 2, backend="gloo")
+
+
+def test_nccl_without_gpu_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("WORKBOOK_FORCE_CPU", "1")
+    assert D.default_backend() == "gloo"
+    with pytest.raises(ValueError, match=r"backend='nccl' needs CUDA GPUs"):
+        D.check_world_size(2, "nccl")
+
+
+def test_limits_and_ports():
+    assert D.max_world_size("gloo") >= 4
+    p = D.free_port()
+    assert 0 < p < 65536 and not D.port_in_use(p)
+
+
+def test_torchrun_command():
+    assert D.torchrun_command("common.collectives", 2) == \
+        "torchrun --standalone --nproc-per-node=2 -m common.collectives"
+    cmd = D.torchrun_command("common.collectives", 8, nnodes=2, rdzv_endpoint="node0:29500")
+    assert "--nnodes=2" in cmd and "--rdzv-endpoint=node0:29500" in cmd and "--nproc-per-node=8" in cmd
+    with pytest.raises(ValueError, match="nproc_per_node=0"):
+        D.torchrun_command("x", 0)

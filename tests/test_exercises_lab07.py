@@ -1,0 +1,127 @@
+import math
+
+import numpy as np
+import pytest
+
+from common import collectives as C
+from common.checks import CheckFailed
+from common.exercises import lab07
+
+
+def _stub(*args):
+    raise NotImplementedError("Exercise 7.x")
+
+
+# ---- 7.1 all-reduce cost formulas
+
+def _right(algorithm, n, p, alpha, bw):
+    if p == 1:
+        return 0.0
+    lg = math.ceil(math.log2(p))
+    if algorithm == "ring":
+        return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / bw
+    if algorithm == "tree":
+        return 2 * lg * (alpha + n / bw)
+    return lg * (alpha + n / bw)
+
+
+def _with(**over):
+    def f(algorithm, n, p, alpha, bw):
+        if algorithm in over and p > 1:
+            return over[algorithm](n, p, alpha, bw)
+        return _right(algorithm, n, p, alpha, bw)
+    return f
+
+
+def test_allreduce_time_right_and_stub():
+    assert lab07.check_allreduce_time(_right).passed
+    assert lab07.check_allreduce_time(_stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (_with(ring=lambda n, p, a, b: (p - 1) * a + (p - 1) / p * n / b), "reduce-scatter .* alone"),
+    (_with(ring=lambda n, p, a, b: 2 * (p - 1) * (a + n / b)), "one chunk of n/p bytes"),
+    (_with(ring=lambda n, p, a, b: 2 * p * a + 2 * (p - 1) / p * n / b), "p-1 steps per phase"),
+    (_with(tree=lambda n, p, a, b: math.ceil(math.log2(p)) * (a + n / b)), "only the reduction up the tree"),
+    (_with(recursive_doubling=lambda n, p, a, b: math.log2(p) * (a + n / b)), "not a power of two"),
+    (_with(recursive_doubling=lambda n, p, a, b: 2 * math.ceil(math.log2(p)) * (a + n / b)), "does not reduce then"),
+    (_with(ring=lambda n, p, a, b: 2 * (p - 1) * a + 2 * (p - 1) / p * n * b), "expected"),
+    (lambda algorithm, n, p, alpha, bw: _right(algorithm, n, p, alpha, bw) if p > 1 else alpha, "nothing to exchange"),
+])
+def test_allreduce_time_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        lab07.check_allreduce_time(wrong)
+
+
+# ---- 7.2 bus factors
+
+def _factor(coll, p):
+    return {"all_reduce": 2 * (p - 1) / p, "broadcast": 1.0}.get(coll, (p - 1) / p)
+
+
+def test_bus_factor_right_and_stub():
+    assert lab07.check_bus_factor(_factor).passed
+    assert lab07.check_bus_factor(_stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda c, p: (p - 1) / p if c != "broadcast" else 1.0, "moves 2\\(p-1\\)/p"),
+    (lambda c, p: 2 * (p - 1) / p if c != "broadcast" else 1.0, "factor 2 belongs to the all-reduce only"),
+    (lambda c, p: 1 / _factor(c, p), "upside down"),
+    (lambda c, p: _factor(c, p) if c != "broadcast" else (p - 1) / p, "bus factor is 1"),
+    (lambda c, p: _factor(c, p) * 1.01, "expected"),
+])
+def test_bus_factor_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        lab07.check_bus_factor(wrong)
+
+
+# ---- 7.3 alpha/beta fit
+
+def _fit(sizes, times, p):
+    n, t = np.asarray(sizes, float), np.asarray(times, float)
+    a = np.stack([np.full_like(n, 2 * (p - 1)), 2 * (p - 1) / p * n], 1) / t[:, None]
+    x, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    return x[0], 1 / x[1]
+
+
+def _absolute(sizes, times, p):
+    n, t = np.asarray(sizes, float), np.asarray(times, float)
+    a = np.stack([np.full_like(n, 2 * (p - 1)), 2 * (p - 1) / p * n], 1)
+    x, *_ = np.linalg.lstsq(a, t, rcond=None)
+    return x[0], 1 / x[1]
+
+
+def _raw(sizes, times, p):  # forgets to convert the coefficients
+    n, t = np.asarray(sizes, float), np.asarray(times, float)
+    a = np.stack([np.ones_like(n), n], 1) / t[:, None]
+    x, *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    return x[0], 1 / x[1]
+
+
+def _slope(sizes, times, p):
+    a, b = _fit(sizes, times, p)
+    return a, 1 / b
+
+
+def test_fit_right_and_stub():
+    assert lab07.check_fit_alpha_beta(_fit).passed
+    assert lab07.check_fit_alpha_beta(_stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (_absolute, "fitted absolute times"),
+    (_raw, "fitted intercept"),
+    (lambda s, t, p: (_fit(s, t, p)[0], _raw(s, t, p)[1]), "algorithm bandwidth"),
+    (_slope, "returned the slope"),
+    (lambda s, t, p: _fit(s, t, p)[0], "must return \\(alpha_seconds"),
+])
+def test_fit_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        lab07.check_fit_alpha_beta(wrong)
+
+
+def test_reference_fit_matches_exercise_convention():
+    sizes = C.log_sizes(2**10, 2**26)
+    times = [C.ring_allreduce_time(n, 4, 7e-6, 20e9) for n in sizes]
+    assert np.allclose(_fit(sizes, times, 4), (7e-6, 20e9), rtol=1e-9)
