@@ -1,0 +1,217 @@
+"""Checkers for lab 03 (fusion and Triton): bytes of an elementwise chain, a Triton vector add, a fused row softmax.
+
+The Triton checkers hand the learner's launcher tensors that are views into larger buffers: a guard region after each
+one is filled with a sentinel, so a kernel that reads or writes past the end (a missing mask) neither crashes the
+process (the interpreter does not bounds-check) nor corrupts memory, and the checker sees the stray write.
+"""
+from __future__ import annotations
+
+import random
+
+from common.checks import checker, expect, expect_close, expect_equal, fail
+
+GUARD = 1 << 17  # elements after each tensor; larger than any block a launcher would use on these sizes
+SENTINEL = -12345.0  # what `out` and the guards hold before the call: a value no right answer produces here
+
+
+def _reraise_stub(exc: BaseException) -> None:
+    """A stubbed @triton.jit kernel raises NotImplementedError under the interpreter, but a compile error whose text
+    names it on a GPU: report both as "not attempted"."""
+    text = f"{type(exc).__name__}: {exc}"
+    if "NotImplementedError" in text and "replace this line with your code" in text:
+        raise NotImplementedError(str(exc).strip().splitlines()[-1][:200]) from None
+
+
+def _call(fn, *args, **kwargs):
+    """Call the learner's launcher; NumPy's overflow warnings from the interpreter are silenced (the verdict explains
+    an overflow better)."""
+    import warnings
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        _reraise_stub(exc)
+        raise
+
+
+def _guarded(t, fill=None):
+    """A copy of `t` as a view into a buffer with GUARD extra elements after it (filled with `fill` or SENTINEL).
+
+    Returns (view, buffer). 2-D tensors keep their shape and row stride; the guard follows the last row."""
+    import torch
+    n = t.numel()
+    buf = torch.full((n + GUARD,), SENTINEL if fill is None else fill, dtype=t.dtype, device=t.device)
+    view = buf[:n].view(t.shape)
+    view.copy_(t)
+    return view, buf
+
+
+def _guarded_out(shape, device):
+    """An output tensor of `shape` holding SENTINEL, followed by a SENTINEL guard; returns (view, buffer)."""
+    import torch
+    n = 1
+    for s in shape:
+        n *= s
+    buf = torch.full((n + GUARD,), SENTINEL, dtype=torch.float32, device=device)
+    return buf[:n].view(shape), buf
+
+
+def _expect_guard_intact(buf, n: int, what: str, hint: str) -> None:
+    import torch
+    guard = buf[n:]
+    touched = guard != SENTINEL  # NaN counts as touched too
+    if bool(touched.any()):
+        idx = torch.nonzero(touched).flatten()
+        fail(f"{what}: the kernel wrote {int(idx.numel())} element(s) past the end of the output (n={n}; the first "
+             f"stray write lands {int(idx[0]) + 1} element(s) beyond it). {hint}")
+
+
+# ---------------------------------------------------------------------------------------------------- 3.1
+@checker("3.1", "bytes moved by an elementwise chain, unfused vs fused")
+def check_chain_bytes(chain_bytes):
+    """chain_bytes(n_elements, n_ops, bytes_per_element, fused) -> bytes read + written from/to memory."""
+    rng = random.Random()
+    cases = [(1000, 3, 4, False), (1000, 3, 4, True), (1, 1, 2, False)] + [
+        (rng.randint(2, 10**8), rng.randint(2, 12), rng.choice([1, 2, 4, 8]), rng.random() < 0.5) for _ in range(6)]
+    for n, ops, b, fused in cases:
+        got = chain_bytes(n, ops, b, fused)
+        expected = 2 * n * b * (1 if fused else ops)
+        where = f"chain_bytes({n}, n_ops={ops}, bytes_per_element={b}, fused={fused})"
+        expect(got is not None, f"{where} returned None -- return the number of bytes")
+        if got != expected:
+            if got == expected // 2:
+                fail(f"{where} = {got}: that counts only the reads (or only the writes); every pass reads its input "
+                     f"and writes its output, {expected} bytes")
+            if fused and ops > 1 and got == 2 * n * b * ops:
+                fail(f"{where} = {got}: that is the unfused count. Fused, the intermediates stay in registers: the "
+                     f"input is read once and the output written once ({expected} bytes), whatever n_ops is")
+            if not fused and ops > 1 and got == 2 * n * b:
+                fail(f"{where} = {got}: that is the fused count. Unfused, each of the {ops} ops is its own kernel "
+                     f"that reads its input from memory and writes its output back ({expected} bytes)")
+            if not fused and got == (ops + 1) * n * b:
+                fail(f"{where} = {got}: you counted one read and {ops} writes; each op also reads the previous op's "
+                     f"output back from memory ({expected} bytes)")
+            if got == expected // b:
+                fail(f"{where} = {got}: that counts elements, not bytes (multiply by bytes_per_element)")
+        expect_equal(got, expected, where)
+    return f"right for {len(cases)} chains: 2*n*b per pass, n_ops passes unfused, one pass fused"
+
+
+# ---------------------------------------------------------------------------------------------------- 3.2
+def _add_cases(rng):
+    """(n, block_size): single elements, sizes just around a block, several blocks with a ragged tail."""
+    cases = [(1, 128), (128, 128), (129, 128), (1000, 256), (rng.randint(2, 20) * 256 + rng.randint(1, 255), 256),
+             (rng.randint(3, 30) * 4096 + rng.randint(1, 4095), 4096)]
+    return cases
+
+
+@checker("3.2", "Triton vector add (mask, block size, grid)")
+def check_vector_add(vector_add):
+    """vector_add(x, y, out, block_size) -> out = x + y with a Triton kernel; float32, fresh inputs each call."""
+    import torch
+    from common.env import current
+    device = current().device
+    rng = random.Random()
+    cases = _add_cases(rng)
+    for n, block in cases:
+        x0 = torch.randn(n, device=device)
+        y0 = torch.randn(n, device=device)
+        x, _ = _guarded(x0, fill=float("nan"))  # an unmasked load reads NaN, never past the allocation
+        y, _ = _guarded(y0, fill=float("nan"))
+        out, out_buf = _guarded_out((n,), device)
+        ret = _call(vector_add, x, y, out, block_size=block)
+        got = out if ret is None else ret
+        where = f"vector_add with n={n}, block_size={block}"
+        expect(isinstance(got, torch.Tensor), f"{where} returned {type(got).__name__}, expected the tensor out")
+        _expect_guard_intact(out_buf, n, where, "The last block runs past n: mask the store (and the loads) with "
+                                                "`mask = offsets < n_elements`.")
+        unwritten = torch.nonzero(out == SENTINEL).flatten()
+        if unwritten.numel():
+            first = int(unwritten[0])
+            if first == 0:
+                fail(f"{where}: out was never written (it still holds what it held before the call). Does the "
+                     f"launcher start the kernel with a grid, `add_kernel[grid](...)`, and store into out_ptr?")
+            fail(f"{where}: elements {first}..{n - 1} of out were never written ({int(unwritten.numel())} in all): "
+                 f"the grid has too few programs. It needs ceil(n / block_size) = {-(-n // block)} programs -- "
+                 f"`triton.cdiv(n, block_size)`, with the same block size that the kernel is given")
+        expect_close(got, x0.double() + y0.double(), where, rtol=1e-6, atol=1e-6)
+    return (f"x + y right for {len(cases)} sizes and block sizes, including sizes that are not a multiple of the "
+            f"block; nothing written past the end")
+
+
+# ---------------------------------------------------------------------------------------------------- 3.3
+def _softmax_cases(rng):
+    """(rows, cols, scale, offset, strided): shapes around powers of two, one with large values, one strided."""
+    return [(1, 1, 1.0, 0.0, False), (3, 7, 1.0, 0.0, False),
+            (rng.randint(20, 40), rng.randint(513, 1023), 1.0, 0.0, False), (16, 128, 1.0, 0.0, False),
+            (3, rng.randint(1025, 3000), 1.0, 0.0, False),
+            (rng.randint(4, 9), rng.randint(100, 300), 30.0, 200.0, False),
+            (rng.randint(5, 13), rng.randint(50, 250), 1.0, 0.0, True)]
+
+
+def _softmax_diagnosis(got, x0, where):
+    """Name the classic mistake when the learner's rows are wrong."""
+    import torch
+    g = got.double()
+    if not bool(torch.isfinite(g).all()):
+        bad = torch.nonzero(~torch.isfinite(g))[0].tolist()
+        big = float(x0.abs().max())
+        if big > 80:
+            fail(f"{where}: non-finite value (NaN or inf) at index {tuple(bad)} on inputs as large as {big:.0f}. "
+                 f"exp(x) overflows float32 above x = 88.7: subtract the row max before exp "
+                 f"(softmax(x) = softmax(x - max(x)), mathematically the same)")
+        fail(f"{where}: non-finite value (NaN or inf) at index {tuple(bad)}")
+    rows, cols = x0.shape
+    if rows > 1 and cols > 1:
+        by_column = torch.softmax(x0.double(), dim=0)
+        if torch.allclose(g, by_column, rtol=1e-4, atol=1e-6):
+            fail(f"{where}: your result is the softmax over each column (dim=0); softmax here is over each row "
+                 f"(dim=-1): every row of the output must sum to 1")
+    sums = g.sum(dim=1)
+    off = torch.nonzero((sums - 1).abs() > 1e-4).flatten()
+    if off.numel():
+        r = int(off[0])
+        fail(f"{where}: row {r} of the output sums to {float(sums[r]):.6g}, not 1 ({int(off.numel())} of {rows} rows "
+             f"are off). Are masked-off lanes loaded as -inf (`other=-float('inf')`) so they add nothing to the sum, "
+             f"and does each program read its own row (row * row_stride)?")
+
+
+@checker("3.3", "fused softmax over rows in Triton")
+def check_softmax(softmax):
+    """softmax(x, out) -> out = softmax of each row of the 2-D float32 x (one program per row, one read, one write)."""
+    import torch
+    from common.env import current
+    device = current().device
+    rng = random.Random()
+    cases = _softmax_cases(rng)
+    for rows, cols, scale, offset, strided in cases:
+        x0 = torch.randn(rows, cols, device=device) * scale + offset
+        if strided:  # rows further apart than cols: the kernel must use the row stride, not assume cols
+            wide, wide_buf = _guarded(torch.randn(rows, cols + 64, device=device), fill=float("nan"))
+            x = wide[:, :cols]
+            x.copy_(x0)
+        else:
+            x, _ = _guarded(x0, fill=float("nan"))
+        out, out_buf = _guarded_out((rows, cols), device)
+        where = (f"softmax of a {rows}x{cols} matrix" + (f" with values around {offset:.0f} +- {scale:.0f}"
+                                                          if offset else "") + (" (a strided view)" if strided else ""))
+        ret = _call(softmax, x, out)
+        got = out if ret is None else ret
+        expect(isinstance(got, torch.Tensor), f"{where}: returned {type(got).__name__}, expected the tensor out")
+        _expect_guard_intact(out_buf, rows * cols, where, "The block is wider than a row (a power of two >= cols): "
+                                                          "mask the store with `cols < n_cols`.")
+        if bool((out == SENTINEL).any()):
+            r = int(torch.nonzero(out == SENTINEL)[0][0])
+            fail(f"{where}: row {r} of out was never written: launch one program per row (grid = (n_rows,))")
+        expected = torch.softmax(x0.double(), dim=-1)
+        if not torch.allclose(got.double(), expected, rtol=1e-5, atol=1e-6):
+            _softmax_diagnosis(got, x0, where)
+        if strided and not torch.allclose(got.double(), expected, rtol=1e-5, atol=1e-6):
+            fail(f"{where}: wrong on a strided view (row stride {x.stride(0)}, {cols} columns) although the rows are "
+                 f"contiguous: step between rows with x.stride(0), not with the number of columns")
+        expect_close(got, expected, where, rtol=1e-5, atol=1e-6)
+    return (f"matches torch.softmax over rows for {len(cases)} shapes (columns not a power of two, large values, a "
+            f"strided view)")
