@@ -24,8 +24,13 @@ run: $(VENV)/.installed
 
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 
+# Two workers (one per core). --dist loadscope keeps each notebook's nbval cells (one module) in one worker and
+# kernel, and spreads the unsolved-lab runs (one class each in tests/test_notebooks.py).
+JOBS ?= 2
+
 test: $(VENV)/.installed
-	WORKBOOK_HEADLESS=1 WORKBOOK_PROFILE=quick $(PY) -m pytest tests solutions $(NBVAL) -p no:cacheprovider
+	WORKBOOK_HEADLESS=1 WORKBOOK_PROFILE=quick $(PY) -m pytest tests solutions $(NBVAL) -p no:cacheprovider \
+		-n $(JOBS) --dist loadscope
 
 # nbval alone: re-execute the solutions and compare their deterministic outputs with the committed ones.
 nbval: $(VENV)/.installed

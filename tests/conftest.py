@@ -5,7 +5,6 @@ from pathlib import Path
 # Tests run headless, on the quick profile, and never write a ledger into the repo's build/interactive/.
 os.environ.setdefault("WORKBOOK_HEADLESS", "1")
 os.environ.setdefault("WORKBOOK_PROFILE", "quick")
-os.environ.setdefault("MPLBACKEND", "Agg")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -23,3 +22,4 @@ def _ledger_in_tmp(tmp_path, monkeypatch):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "notebooks: executes notebooks (slow)")
+

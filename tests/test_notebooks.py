@@ -79,9 +79,7 @@ def test_committed_outputs_are_clean(name):
             assert str(REPO_ROOT) not in blob, f"{name} cell {i} prints an absolute path"
 
 
-@pytest.mark.notebooks
-@pytest.mark.parametrize("name", NAMES)
-def test_unsolved_lab_runs_top_to_bottom(name, tmp_path):
+def _run_unsolved_lab(name):
     """CI executes the learner's copy: every check says 'not attempted yet', nothing crashes."""
     from nbclient import NotebookClient
     nb = nbformat.read(str(notebooks.LABS / name), as_version=4)
@@ -91,3 +89,17 @@ def test_unsolved_lab_runs_top_to_bottom(name, tmp_path):
                         if o.output_type == "stream")
     assert "not attempted yet" in printed, f"{name}: no check reported 'not attempted yet' in the unsolved lab"
     assert "PASS Exercise" not in printed, f"{name}: a check passed on an unsolved exercise -- it cannot fail"
+
+
+def _unsolved_lab_class(name):
+    # One class per lab, so `pytest -n 2 --dist loadscope` spreads the lab executions over the workers.
+    @pytest.mark.notebooks
+    class TestUnsolvedLab:
+        def test_runs_top_to_bottom(self):
+            _run_unsolved_lab(name)
+    TestUnsolvedLab.__name__ = TestUnsolvedLab.__qualname__ = f"TestUnsolvedLab{name[:2]}"
+    return TestUnsolvedLab
+
+
+for _name in NAMES:
+    globals()[f"TestUnsolvedLab{_name[:2]}"] = _unsolved_lab_class(_name)
