@@ -1,0 +1,263 @@
+"""Checkers for lab 04 (FlashAttention tiling): HBM bytes, online softmax, tiled attention, a Triton forward.
+
+Every check draws fresh random inputs and compares with SDPA in float64 on the CPU. When an answer is wrong, the
+checker tries the classic mistakes (no rescale when the max grows, max not subtracted, causal mask reversed or off by
+one, a sequence length that is not a multiple of the block) and names the one that explains it.
+"""
+from __future__ import annotations
+
+import random
+
+from common.checks import checker, expect, expect_equal, fail
+
+# relative error allowed (max abs error / max abs reference): float32 on the CPU, 16-bit floats on a GPU
+TOL = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 3e-2, "float16": 1e-2}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4.1 standard attention's HBM bytes
+
+@checker("4.1", "HBM bytes of standard attention")
+def check_standard_attention_bytes(standard_bytes):
+    """standard_bytes(seq_len, head_dim, elem_bytes) -> HBM bytes of one head of standard attention (Algorithm 0)."""
+    from common.attention import standard_io_bytes
+    rng = random.Random()
+    cases = [(1024, 64, 2), (4096, 128, 2)] + [
+        (rng.randint(1, 20000), rng.choice([32, 64, 80, 128, 256]), rng.choice([1, 2, 4])) for _ in range(5)]
+    for n, d, b in cases:
+        got = standard_bytes(n, d, b)
+        expected = standard_io_bytes(n, d, b)
+        where = f"standard_bytes(seq_len={n}, head_dim={d}, elem_bytes={b})"
+        expect(got is not None, f"{where} returned None -- return the number of bytes")
+        if got == b * (4 * n * d + 2 * n * n):
+            fail(f"{where} = {got}: you counted the N x N matrices S and P once each; each is written to HBM and "
+                 f"read back (S: write + read, P: write + read = 4 N^2 elements)")
+        if got == 4 * n * d + 4 * n * n and b != 1:
+            fail(f"{where} = {got}: that is a count of elements; multiply by elem_bytes={b}")
+        if got == b * 4 * n * n:
+            fail(f"{where} = {got}: you left out Q, K, V read and O written (4 N d elements)")
+        if got == b * (3 * n * d + 4 * n * n):
+            fail(f"{where} = {got}: one of Q, K, V, O is missing -- read three inputs and write one output (4 N d)")
+        expect_equal(got, expected, where)
+    return f"right for {len(cases)} sizes: elem_bytes * (4 N d + 4 N^2)"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4.2 online softmax
+
+def _blocks(x, block):
+    for j in range(0, x.shape[1], block):
+        yield x[:, j:j + block]
+
+
+def _no_rescale_sum(x64, block):
+    import torch
+    m = l = None
+    for j in range(0, x64.shape[1], block):
+        blk = x64[:, j:j + block]
+        m = blk.amax(-1) if m is None else torch.maximum(m, blk.amax(-1))
+        l = torch.exp(blk - m[:, None]).sum(-1) if l is None else l + torch.exp(blk - m[:, None]).sum(-1)
+    return l
+
+
+@checker("4.2", "online softmax")
+def check_online_softmax(online_softmax_stats):
+    """online_softmax_stats(blocks) -> (m, l): running max and sum of exp(x - m) over an iterable of column blocks."""
+    import torch
+    from common.checks import expect_close
+    rng = random.Random()
+    # small values whose max grows block after block (rows sorted ascending), then large values (exp(x) overflows)
+    cases = [(rng.randint(2, 6), rng.randint(130, 300), rng.choice([16, 32, 64]), 1.0, True),
+             (rng.randint(2, 6), rng.randint(2, 15), 16, 1.0, False),
+             (rng.randint(2, 6), rng.randint(100, 300), rng.choice([17, 32, 50]), 40.0, True)]
+    for rows, n, block, scale, ascending in cases:
+        x = torch.randn(rows, n, dtype=torch.float64) * scale
+        if ascending:
+            x = x.sort(dim=-1).values
+        x32 = x.float()
+        x64 = x32.double()
+        m_ref, l_ref = x64.amax(-1), torch.exp(x64 - x64.amax(-1, keepdim=True)).sum(-1)
+        where = f"{rows} rows x {n} columns in blocks of {block}" + (", large values" if scale > 10 else "")
+        out = online_softmax_stats(_blocks(x32, block))
+        expect(isinstance(out, (tuple, list)) and len(out) == 2,
+               f"return a pair (m, l) -- the running max and the sum; got {type(out).__name__}")
+        m, l = (torch.as_tensor(t).double() for t in out)
+        expect(m.shape == m_ref.shape and l.shape == l_ref.shape,
+               f"m and l need one value per row, shape {tuple(m_ref.shape)}; got {tuple(m.shape)} and "
+               f"{tuple(l.shape)}")
+        expect_close(m, m_ref, f"running max m ({where})", rtol=1e-6)
+        if not torch.isfinite(l).all():
+            fail(f"the sum l is inf/NaN for {where}: exp overflowed -- subtract the running max before exp "
+                 f"(exp(x - m), never exp(x))")
+        if torch.allclose(l, torch.exp(x64).sum(-1), rtol=1e-4) and not torch.allclose(l, l_ref, rtol=1e-4):
+            fail(f"for {where} l equals sum(exp(x)): the max is not subtracted -- keep l = sum exp(x - m) so that "
+                 f"large scores do not overflow")
+        if n > block and torch.allclose(l, _no_rescale_sum(x64, block), rtol=1e-4) \
+                and not torch.allclose(l, l_ref, rtol=1e-4):
+            fail(f"for {where} the sum is too large: when a block raises the max from m to m_new, the sum so far "
+                 f"must be rescaled by exp(m - m_new) before the new terms are added")
+        expect_close(l, l_ref, f"the sum l = sum exp(x - m) ({where})", rtol=1e-4)
+    return f"running max and rescaled sum right for {len(cases)} matrices, including growing maxima and exp overflow"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# attention helpers
+
+def _rel_err(got, ref) -> float:
+    import torch
+    g, r = got.detach().to("cpu", torch.float64), ref.to(torch.float64)
+    if g.shape != r.shape:
+        return float("inf")
+    finite = torch.isfinite(r)
+    if not torch.isfinite(g[finite]).all():
+        return float("inf")
+    scale = r[finite].abs().max().item() or 1.0
+    return (g[finite] - r[finite]).abs().max().item() / scale
+
+
+def _masked_reference(q, k, v, keep):
+    import torch
+    import torch.nn.functional as F
+    q64, k64, v64 = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
+    return F.scaled_dot_product_attention(q64, k64, v64, attn_mask=keep)
+
+
+def _causal_variants(n):
+    import torch
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    return [("the causal mask points the wrong way: query i may see keys j <= i (the lower triangle, future keys "
+             "masked), not j >= i", j >= i),
+            ("the causal mask is off by one: the diagonal is masked too -- query i must see key i (keep j <= i, "
+             "not j < i)", j < i),
+            ("the causal mask is off by one: query i also sees key i + 1 -- keep j <= i", j <= i + 1)]
+
+
+def _diagnose(fn, case, got, tol, make_inputs, block_hint):
+    """Say which classic mistake explains a wrong attention output; None when none does."""
+    import torch
+    q, k, v, causal = case["q"], case["k"], case["v"], case["causal"]
+    n = q.shape[2]
+    if not torch.isfinite(got.float()).all() and not causal:
+        bad = torch.nonzero(~torch.isfinite(got.float()))[0].tolist()
+        if case.get("large"):
+            return (f"inf/NaN in the output (first at index {tuple(bad)}) with large scores: exp overflowed -- "
+                    f"subtract the running max before exp")
+    if causal:
+        finite = torch.isfinite(got).all(dim=-1)  # rows that came out finite (a wrong mask can leave a row
+        for message, keep in _causal_variants(n):  # with no key at all, and 0/0 = NaN there)
+            ref = _masked_reference(q, k, v, keep)
+            rows = finite & torch.isfinite(ref).all(dim=-1)
+            if rows.sum() >= max(1, n // 8) and _rel_err(got[rows], ref[rows]) < tol:
+                return message
+    # does it work at a multiple of the block, or with a single key block?
+    for n_try, message in ((block_hint[1] * (n // block_hint[1]) if n > block_hint[1] else None,
+                            "correct when N is a multiple of the block but wrong for N={n} -- mask keys >= N (their "
+                            "scores to -inf, their V rows to 0), and the loads and stores of query rows >= N"),
+                           (min(n, block_hint[0]),
+                            "correct with a single key block but wrong with several (N={n}, key block "
+                            f"{block_hint[0]}): rescale the accumulator and the sum by exp(m_old - m_new) whenever "
+                            "the running max grows")):
+        if not n_try or n_try == n:
+            continue
+        if message.startswith("correct when") and n % block_hint[1] == 0:
+            continue
+        q2, k2, v2 = make_inputs(q.shape[0], q.shape[1], n_try, q.shape[3], q.dtype, q.device)
+        try:
+            out2 = fn(q2, k2, v2, causal)
+        except Exception:
+            continue
+        if _rel_err(out2, _masked_reference(q2, k2, v2, torch.ones(n_try, n_try, dtype=torch.bool).tril()
+                                            if causal else None)) < tol:
+            return message.format(n=n)
+    return None
+
+
+def _random_inputs(b, h, n, d, dtype, device, scale=1.0):
+    """q, k, v of shape (b, h, n, d), each a view into a buffer followed by NaN padding: a kernel that reads past
+    the end of a tensor reads NaN (and fails its check) instead of another allocation's memory."""
+    import torch
+    size, pad = b * h * n * d, 256 * 256
+    out = []
+    for s in (scale, 1.0, 1.0):
+        buf = torch.randn(size + pad, dtype=dtype, device=device)
+        buf[:size] *= s
+        buf[size:] = float("nan")
+        out.append(buf[:size].view(b, h, n, d))
+    return tuple(out)
+
+
+def _check_attention(fn, cases, dtype, device, block_hint, label):
+    from common.attention import reference_attention
+    tol = TOL[str(dtype).replace("torch.", "")]
+    for b, h, n, d, causal, large in cases:
+        q, k, v = _random_inputs(b, h, n, d, dtype, device, scale=100.0 if large else 1.0)
+        where = (f"B={b}, H={h}, N={n}, d={d}, {'causal' if causal else 'non-causal'}, "
+                 f"{str(dtype).replace('torch.', '')}" + (", large scores" if large else ""))
+        got = fn(q, k, v, causal)
+        expect(got is not None, f"{label} returned None for {where} -- return the output tensor")
+        expect(tuple(got.shape) == (b, h, n, d), f"output shape for {where}: expected {(b, h, n, d)}, "
+                                                 f"got {tuple(got.shape)}")
+        ref = reference_attention(q, k, v, causal)
+        err = _rel_err(got, ref)
+        if err < tol:
+            continue
+        case = {"q": q, "k": k, "v": v, "causal": causal, "large": large}
+        why = _diagnose(fn, case, got.detach().to("cpu", ref.dtype), tol, _random_inputs, block_hint)
+        from common.checks import expect_close
+        if why:
+            fail(f"{where}: {why}")
+        expect_close(got, ref, f"output for {where} (relative error {err:.2g}, allowed {tol:g})", rtol=tol,
+                     atol=tol * float(ref.abs().max()))
+    return len(cases)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4.3 tiled attention in PyTorch
+
+@checker("4.3", "tiled attention in PyTorch")
+def check_tiled_attention(tiled_attention):
+    """tiled_attention(q, k, v, block_m, block_n, causal) -> O, never forming the N x N matrix."""
+    import torch
+    rng = random.Random()
+    bm, bn = rng.choice([32, 64]), rng.choice([16, 32])
+
+    def fn(q, k, v, causal):
+        return tiled_attention(q, k, v, bm, bn, causal)
+
+    n_odd = rng.choice([x for x in range(70, 160) if x % 16])
+    cases = [(1, 2, 4 * 32, 32, False, False), (2, 1, n_odd, 64, False, False),
+             (1, 2, 4 * 32, 32, True, False), (1, 1, rng.randint(65, 130), 64, True, False),
+             (1, 1, rng.randint(65, 100), 32, False, True)]
+    count = _check_attention(fn, cases, torch.float32, "cpu", (bn, 32), "tiled_attention")
+    return f"matches SDPA (float32, relative error < 1e-4) in {count} cases: causal, non-causal, N not a multiple " \
+           f"of the blocks, large scores"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4.4 the Triton forward
+
+@checker("4.4", "Triton FlashAttention forward")
+def check_triton_forward(flash_forward):
+    """flash_forward(q, k, v, causal) -> O from your Triton kernel; float32 on a CPU, bf16 and fp16 on a GPU."""
+    import torch
+    rng = random.Random()
+    if torch.cuda.is_available():
+        device, dtypes = "cuda", (torch.bfloat16, torch.float16)
+        n_odd = rng.choice([x for x in range(600, 1500) if x % 128])
+        cases = [(2, 4, 1024, 64, False, False), (2, 4, n_odd, 128, False, False), (1, 4, 1024, 128, True, False),
+                 (2, 2, n_odd, 64, True, False), (1, 2, 512, 64, False, True)]
+        hint = (64, 128)
+    else:
+        device, dtypes = "cpu", (torch.float32,)
+        n_odd = rng.choice([x for x in range(70, 190) if x % 64])
+        cases = [(1, 2, 128, 64, False, False), (1, 1, n_odd, 64, False, False), (1, 1, 128, 64, True, False),
+                 (1, 1, rng.choice([x for x in range(70, 190) if x % 64]), 64, True, False),
+                 (1, 1, rng.randint(20, 60), 128, True, False), (1, 1, rng.randint(70, 120), 64, False, True)]
+        hint = (64, 64)
+    total = 0
+    for dtype in dtypes:
+        total += _check_attention(flash_forward, cases, dtype, device, hint, "flash_forward")
+    names = "/".join(str(d).replace("torch.", "") for d in dtypes)
+    return f"matches SDPA ({names}) in {total} cases: causal, non-causal, head dims 64 and 128, N not a " \
+           f"multiple of the block"

@@ -1,0 +1,265 @@
+"""Lab 04 checkers: each passes a right answer, catches each classic mistake by name, and reports a stub."""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
+
+import functools  # noqa: E402
+
+import pytest  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from common import attention  # noqa: E402
+from common.checks import CheckFailed  # noqa: E402
+from common.exercises import lab04  # noqa: E402
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError("Exercise 4.x: replace this line with your code")
+
+
+# ---------------------------------------------------------------------------------------------------------------- 4.1
+
+def test_standard_bytes_right():
+    assert lab04.check_standard_attention_bytes(lambda n, d, b: b * (4 * n * d + 4 * n * n)).passed
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda n, d, b: b * (4 * n * d + 2 * n * n), "written to HBM and read back"),
+    (lambda n, d, b: 4 * n * d + 4 * n * n, "count of elements"),
+    (lambda n, d, b: b * 4 * n * n, "left out Q, K, V"),
+    (lambda n, d, b: b * (3 * n * d + 4 * n * n), "one of Q, K, V, O is missing"),
+    (lambda n, d, b: b * (4 * n * d + 4 * n * n) + 1, "expected"),
+])
+def test_standard_bytes_wrong(wrong, message):
+    with pytest.raises(CheckFailed, match=message):
+        lab04.check_standard_attention_bytes(wrong)
+
+
+def test_standard_bytes_stub():
+    assert lab04.check_standard_attention_bytes(_stub).status == "not attempted"
+
+
+# ---------------------------------------------------------------------------------------------------------------- 4.2
+
+def _online_stats(blocks, rescale=True, subtract_max=True):
+    m = l = None
+    for x in blocks:
+        x = x.float()
+        m_new = x.amax(-1) if m is None else torch.maximum(m, x.amax(-1))
+        if not subtract_max:
+            terms = torch.exp(x).sum(-1)
+            l = terms if l is None else l + terms
+        else:
+            terms = torch.exp(x - m_new[:, None]).sum(-1)
+            l = terms if l is None else (l * torch.exp(m - m_new) if rescale else l) + terms
+        m = m_new
+    return m, l
+
+
+def test_online_softmax_right():
+    assert lab04.check_online_softmax(_online_stats).passed
+    assert lab04.check_online_softmax(attention.online_softmax_stats).passed
+
+
+def test_online_softmax_no_rescale():
+    with pytest.raises(CheckFailed, match="rescaled by exp"):
+        lab04.check_online_softmax(functools.partial(_online_stats, rescale=False))
+
+
+def test_online_softmax_max_not_subtracted():
+    with pytest.raises(CheckFailed, match="max is not subtracted|subtract the running max"):
+        lab04.check_online_softmax(functools.partial(_online_stats, subtract_max=False))
+
+
+def test_online_softmax_overflow_named():
+    # subtracting the max only of the first block: small values pass, large ones overflow
+    def first_block_max(blocks):
+        m0 = l = m = None
+        for x in blocks:
+            x = x.float()
+            m0 = x.amax(-1) if m0 is None else m0
+            m = x.amax(-1) if m is None else torch.maximum(m, x.amax(-1))
+            t = torch.exp(x - m0[:, None]).sum(-1)
+            l = t if l is None else l + t
+        return m, l * torch.exp(m0 - m)
+    with pytest.raises(CheckFailed, match="exp overflowed"):
+        lab04.check_online_softmax(first_block_max)
+
+
+def test_online_softmax_wrong_max():
+    with pytest.raises(CheckFailed, match="running max m"):
+        lab04.check_online_softmax(lambda blocks: (lambda m, l: (m - 1, l))(*_online_stats(blocks)))
+
+
+def test_online_softmax_stub():
+    assert lab04.check_online_softmax(_stub).status == "not attempted"
+
+
+# ---------------------------------------------------------------------------------------------------------------- 4.3
+
+def _tiled(q, k, v, block_m, block_n, causal=False, mistake=None):
+    n, d = q.shape[2], q.shape[3]
+    out = torch.empty_like(q)
+    for i in range(0, n, block_m):
+        qi = q[:, :, i:i + block_m]
+        rows = qi.shape[2]
+        m = torch.full(qi.shape[:3], float("-inf"))
+        l = torch.zeros(qi.shape[:3])
+        acc = torch.zeros(qi.shape)
+        hi = n if (not causal or mistake == "direction") else min(n, i + rows)
+        step = block_n
+        for j in range(0, hi, step):
+            kj, vj = k[:, :, j:j + step], v[:, :, j:j + step]
+            if mistake == "multiple":  # assumes every block is full: pads the last block with the next rows
+                kj = k.new_zeros(k.shape[:2] + (step, d)) + 1.0
+                kj[:, :, :min(step, n - j)] = k[:, :, j:j + step]
+                vj = v.new_ones(v.shape[:2] + (step, d))
+                vj[:, :, :min(step, n - j)] = v[:, :, j:j + step]
+            s = qi @ kj.transpose(-2, -1) * d ** -0.5
+            if causal:
+                cols = torch.arange(j, j + kj.shape[2])[None, :]
+                rws = torch.arange(i, i + rows)[:, None]
+                keep = {"direction": cols >= rws, "off_by_one": cols < rws}.get(mistake, cols <= rws)
+                s = s.masked_fill(~keep, float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            if mistake == "no_max":
+                p = torch.exp(s)
+                alpha = torch.ones_like(m)
+            else:
+                p = torch.exp(s - m_new[..., None])
+                alpha = torch.exp(m - m_new)
+            if mistake == "no_rescale":
+                alpha = torch.ones_like(alpha)
+            l = l * alpha + p.sum(-1)
+            acc = acc * alpha[..., None] + p @ vj
+            m = m_new
+        out[:, :, i:i + rows] = acc / l[..., None]
+    return out
+
+
+def test_tiled_right():
+    assert lab04.check_tiled_attention(_tiled).passed
+    assert lab04.check_tiled_attention(attention.tiled_attention).passed
+
+
+@pytest.mark.parametrize("mistake, message", [
+    ("no_rescale", "rescale the accumulator"),
+    ("no_max", "exp overflowed"),
+    ("direction", "points the wrong way"),
+    ("off_by_one", "off by one"),
+    ("multiple", "multiple of the block"),
+])
+def test_tiled_mistakes(mistake, message):
+    with pytest.raises(CheckFailed, match=message):
+        lab04.check_tiled_attention(functools.partial(_tiled, mistake=mistake))
+
+
+def test_tiled_materialising_naive_passes_values_but_not_shape_errors():
+    # a wrong output shape is named as such
+    with pytest.raises(CheckFailed, match="output shape"):
+        lab04.check_tiled_attention(lambda q, k, v, bm, bn, causal=False: q[:, :, :1])
+
+
+def test_tiled_stub():
+    assert lab04.check_tiled_attention(_stub).status == "not attempted"
+
+
+# ---------------------------------------------------------------------------------------------------------------- 4.4
+
+@triton.jit
+def _fwd(Q, K, V, O, sm_scale, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+         CAUSAL: tl.constexpr, MISTAKE: tl.constexpr):
+    # MISTAKE: 0 none, 1 causal mask reversed, 2 causal off by one (diagonal masked), 3 no masks for N % BLOCK,
+    # 4 no rescale, 5 max not subtracted, 6 stores not masked
+    start_m = tl.program_id(0)
+    base = tl.program_id(1).to(tl.int64) * N_CTX * HEAD_DIM
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    if MISTAKE == 3:
+        q = tl.load(Q + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
+    else:
+        q = tl.load(Q + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=offs_m[:, None] < N_CTX, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    hi = N_CTX
+    if CAUSAL:
+        if MISTAKE != 1:
+            hi = tl.minimum((start_m + 1) * BLOCK_M, N_CTX)
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if MISTAKE == 3:
+            k = tl.load(K + base + cols[None, :] * HEAD_DIM + offs_d[:, None])
+            v = tl.load(V + base + cols[:, None] * HEAD_DIM + offs_d[None, :])
+        else:
+            k = tl.load(K + base + cols[None, :] * HEAD_DIM + offs_d[:, None], mask=cols[None, :] < N_CTX, other=0.0)
+            v = tl.load(V + base + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=cols[:, None] < N_CTX, other=0.0)
+        qk = tl.dot(q, k) * sm_scale
+        if MISTAKE != 3:
+            qk = tl.where(cols[None, :] < N_CTX, qk, float("-inf"))
+        if CAUSAL:
+            if MISTAKE == 1:
+                qk = tl.where(offs_m[:, None] <= cols[None, :], qk, float("-inf"))
+            elif MISTAKE == 2:
+                qk = tl.where(offs_m[:, None] > cols[None, :], qk, float("-inf"))
+            else:
+                qk = tl.where(offs_m[:, None] >= cols[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        if MISTAKE == 5:
+            p = tl.exp(qk)
+            alpha = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        else:
+            p = tl.exp(qk - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+        if MISTAKE == 4:
+            alpha = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    acc = acc / l_i[:, None]
+    if MISTAKE == 6:
+        tl.store(O + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], acc.to(O.dtype.element_ty))
+    else:
+        tl.store(O + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], acc.to(O.dtype.element_ty),
+                 mask=offs_m[:, None] < N_CTX)
+
+
+def _flash(mistake):
+    def flash_forward(q, k, v, causal=False):
+        return attention.launch_forward(_fwd, q, k, v, causal=causal, MISTAKE=mistake)
+    return flash_forward
+
+
+def test_triton_right():
+    assert lab04.check_triton_forward(_flash(0)).passed
+    assert lab04.check_triton_forward(attention.flash_attention).passed
+
+
+@pytest.mark.parametrize("mistake, message", [
+    (1, "points the wrong way"),
+    (2, "off by one"),
+    (3, "multiple of the block"),
+    (4, "rescale the accumulator"),
+    (5, "exp overflowed"),
+    (6, "past the end of O"),
+])
+def test_triton_mistakes(mistake, message):
+    with pytest.raises(CheckFailed, match=message):
+        lab04.check_triton_forward(_flash(mistake))
+
+
+def test_triton_stub_kernel_is_not_attempted():
+    @triton.jit
+    def stub_kernel(Q, K, V, O, sm_scale, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+        raise NotImplementedError("Exercise 4.4: replace this line with your code")
+
+    def flash_forward(q, k, v, causal=False):
+        return attention.launch_forward(stub_kernel, q, k, v, causal=causal)
+    assert lab04.check_triton_forward(flash_forward).status == "not attempted"
+    assert lab04.check_triton_forward(_stub).status == "not attempted"
