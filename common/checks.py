@@ -116,6 +116,14 @@ def expect(condition: bool, message: str) -> None:
         raise CheckFailed(message)
 
 
+def near(got: Any, value: float, rtol: float = 1e-6) -> bool:
+    """True when `got` is a number within `rtol` of `value` (False for non-numbers): for spotting a known mistake."""
+    try:
+        return math.isclose(float(got), float(value), rel_tol=rtol)
+    except (TypeError, ValueError):
+        return False
+
+
 def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.6g}"

@@ -121,12 +121,19 @@ def write_report(runs: list[Run], profile: str, build: Path, strict: bool = Fals
     for device, recs in by_device.items():
         for row in results.compare_with_baseline(recs, results.load_baseline(device)):
             compared[(row["lab"], row["name"])] = row
-    lines = [f"# Workbook run report", "", f"Profile: `{profile}`. Devices: {', '.join(sorted(by_device)) or '-'}.",
+    resolved = sorted({r["profile"] for r in records}) or [profile]
+    lines = ["# Workbook run report", "", f"PROFILE={profile} (ran as {', '.join(resolved)}). "
+             f"Devices: {', '.join(sorted(by_device)) or '-'}.",
              "", "| notebook | kind | status | wall time (s) | results | vs baseline |", "|---|---|---|---|---|---|"]
     for run in runs:
         rows = [compared.get((r["lab"], r["name"])) for r in run.records] if run.kind == "solutions" else []
         flagged = [row for row in rows if row and row["status"] in ("regression", "changed", "drift")]
-        verdict = ("-" if not rows else f"{len(flagged)} flagged" if flagged else "ok")
+        if not rows:
+            verdict = "-"
+        elif all(row is None or row["status"] == "new" for row in rows):
+            verdict = "no baseline"
+        else:
+            verdict = f"{len(flagged)} flagged" if flagged else "ok"
         lines.append(f"| {run.name[:-6]} | {run.kind} | {run.status} | {run.seconds:.1f} | {len(run.records)} | "
                      f"{verdict} |")
     failures = [run for run in runs if run.status != "ok"]

@@ -20,6 +20,17 @@ def _ledger_in_tmp(tmp_path, monkeypatch):
     yield
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op torch thread for a module's small elementwise work (avoids OpenMP contention on a busy CPU);
+    restored afterwards. Use with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "notebooks: executes notebooks (slow)")
 

@@ -10,13 +10,7 @@ from common.exercises.lab05 import (check_bytes_per_param, check_format_facts, c
                                     check_round_to_e4m3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small elementwise work: one intra-op thread avoids OpenMP contention on a busy CPU (restored after)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def stub(*args, **kwargs):

@@ -8,13 +8,7 @@ import torch
 from common import lowp
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small elementwise work: one intra-op thread avoids OpenMP contention on a busy CPU (restored after)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("name", ["fp32", "bf16", "fp16", "e4m3", "e5m2"])

@@ -2,18 +2,10 @@
 parallelism layout, all-to-all time inside vs across the NVLink domain."""
 from __future__ import annotations
 
-import math
 import random
 
 from common import topology
-from common.checks import checker, expect, expect_close
-
-
-def _near(got, value, rtol=1e-6) -> bool:
-    try:
-        return math.isclose(float(got), float(value), rel_tol=rtol)
-    except (TypeError, ValueError):
-        return False
+from common.checks import checker, near, expect, expect_close
 
 
 @checker("9.1", "rack aggregate NVLink bandwidth")
@@ -26,13 +18,13 @@ def check_aggregate_nvlink(aggregate_nvlink_tbs):
         expected = gpus * per_gpu / 1e3
         got = aggregate_nvlink_tbs(gpus, per_gpu)
         expect(got is not None, "aggregate_nvlink_tbs returned None -- return the TB/s figure")
-        if _near(got, expected * 1e3):
+        if near(got, expected * 1e3):
             expect(False, f"aggregate_nvlink_tbs({gpus}, {per_gpu}) = {got:.6g}: that is GB/s; the answer is in "
                           f"TB/s (1 TB/s = 1000 GB/s), so expected {expected:.6g}")
-        if _near(got, expected / 2):
+        if near(got, expected / 2):
             expect(False, f"aggregate_nvlink_tbs({gpus}, {per_gpu}) = {got:.6g}: you halved the per-GPU figure; "
                           f"the rack headline (130 TB/s) adds up NVIDIA's bidirectional per-GPU figures as quoted")
-        if _near(got, per_gpu / 1e3) and gpus > 1:
+        if near(got, per_gpu / 1e3) and gpus > 1:
             expect(False, f"aggregate_nvlink_tbs({gpus}, {per_gpu}) = {got:.6g}: that is one GPU's figure -- "
                           f"multiply by the number of GPUs")
         expect_close(got, expected, f"aggregate_nvlink_tbs({gpus}, {per_gpu})", rtol=1e-9)
@@ -49,14 +41,14 @@ def check_rack_pflops(rack_pflops):
         expected = gpus * sparse_tflops / 1e3 / (1 if sparse else 2)
         got = rack_pflops(gpus, sparse_tflops, sparse)
         expect(got is not None, "rack_pflops returned None -- return PFLOP/s")
-        if not sparse and _near(got, expected * 2):
+        if not sparse and near(got, expected * 2):
             expect(False, f"rack_pflops({gpus}, {sparse_tflops:.6g}, sparse=False) = {got:.6g}: that is the "
                           f"sparse figure; the datasheet rate assumes 2:4 sparsity, dense is half of it "
                           f"({expected:.6g})")
-        if sparse and _near(got, expected / 2):
+        if sparse and near(got, expected / 2):
             expect(False, f"rack_pflops({gpus}, {sparse_tflops:.6g}, sparse=True) = {got:.6g}: you halved the "
                           f"rate, but the per-GPU figure given is already the sparse one")
-        if _near(got, expected * 1e3):
+        if near(got, expected * 1e3):
             expect(False, f"rack_pflops(...) = {got:.6g}: that is TFLOP/s; convert to PFLOP/s (/1000)")
         expect_close(got, expected, f"rack_pflops({gpus}, {sparse_tflops:.6g}, sparse={sparse})", rtol=1e-9)
     return "sparse = GPUs x datasheet rate; dense = half of it (NVL72 FP4: 1,440 PF sparse, 720 PF dense)"
@@ -83,15 +75,15 @@ def check_memory_per_gpu(memory_per_gpu_gb):
         got = memory_per_gpu_gb(dense, experts, tp, pp, dp, ep)
         where = f"memory_per_gpu_gb({dense:.3g}, {experts:.3g}, tp={tp}, pp={pp}, dp={dp}, ep={ep})"
         expect(got is not None, "memory_per_gpu_gb returned None -- return GB per GPU")
-        if _near(got, expected * 1e9 / 2**30):
+        if near(got, expected * 1e9 / 2**30):
             expect(False, f"{where} = {got:.6g}: that is GiB (2^30 bytes); the lab counts GB = 1e9 bytes, like "
                           f"the HBM sizes on datasheets (expected {expected:.6g})")
         no_zero = topology.memory_per_gpu_gb(topology.ModelSketch("m", dense, experts, 1, 1, 1),
                                              topology.Layout(tp=tp, pp=pp, dp=dp, ep=ep, zero1=False))["total"]
-        if dp > 1 and _near(got, no_zero):
+        if dp > 1 and near(got, no_zero):
             expect(False, f"{where} = {got:.6g}: the optimizer state is not sharded; ZeRO-1 splits each "
                           f"parameter's 12 B of Adam state over its data-parallel replicas (expected {expected:.6g})")
-        if experts and ep > 1 and _near(got, _reference_memory(dense + experts, 0.0, tp, pp, dp, 1)):
+        if experts and ep > 1 and near(got, _reference_memory(dense + experts, 0.0, tp, pp, dp, 1)):
             expect(False, f"{where} = {got:.6g}: the routed experts are not split by EP; each EP rank holds "
                           f"1/ep of them")
         expect_close(got, expected, where, rtol=1e-6)
@@ -116,14 +108,14 @@ def check_all_to_all_seconds(all_to_all_seconds):
         expect(got is not None, "all_to_all_seconds returned None -- return seconds")
         inside = min(group, domain)
         t_nv, t_net = b * (inside - 1) / group / (nv * 1e9), b * (group - inside) / group / (net * 1e9)
-        if group > domain and _near(got, b * (group - 1) / group / (nv * 1e9)):
+        if group > domain and near(got, b * (group - 1) / group / (nv * 1e9)):
             expect(False, f"{where} = {got:.6g}: everything went at NVLink speed, but {group - inside} of the "
                           f"{group} ranks are outside the {domain}-GPU NVLink domain and are reached over the "
                           f"network")
-        if t_nv > 0 and t_net > 0 and _near(got, t_nv + t_net):
+        if t_nv > 0 and t_net > 0 and near(got, t_nv + t_net):
             expect(False, f"{where} = {got:.6g}: you added the NVLink and network times; both links carry their "
                           f"share at the same time, so the slower one sets the time ({expected:.6g})")
-        if group > 1 and _near(got, max(b * inside / group / (nv * 1e9), t_net)) and not _near(expected, got):
+        if group > 1 and near(got, max(b * inside / group / (nv * 1e9), t_net)) and not near(expected, got):
             expect(False, f"{where} = {got:.6g}: the share a GPU keeps for itself does not cross any link "
                           f"(count group - 1 peers, not group)")
         expect_close(got, expected, where, rtol=1e-6, atol=0.0)

@@ -6,14 +6,7 @@ import math
 import random
 
 from common import scaling
-from common.checks import checker, expect, expect_close, expect_equal
-
-
-def _near(got, value, rtol=1e-6) -> bool:
-    try:
-        return math.isclose(float(got), float(value), rel_tol=rtol)
-    except (TypeError, ValueError):
-        return False
+from common.checks import checker, near, expect, expect_close, expect_equal
 
 
 @checker("10.1", "training FLOPs with 6ND")
@@ -26,13 +19,13 @@ def check_train_flops(train_flops):
         expected = 6.0 * n * d
         got = train_flops(n, d)
         expect(got is not None, "train_flops returned None -- return the FLOPs")
-        if _near(got, 2 * n * d):
+        if near(got, 2 * n * d):
             expect(False, f"train_flops({n:.3g}, {d:.3g}) = {got:.4g}: that is 2ND, the forward pass only; the "
                           f"backward pass costs twice the forward, so training is 6ND")
-        if _near(got, n * d):
+        if near(got, n * d):
             expect(False, f"train_flops({n:.3g}, {d:.3g}) = {got:.4g}: N x D forgets the factor 6 (2 FLOPs per "
                           f"multiply-add x 3 for forward + backward)")
-        if _near(got, 8 * n * d):
+        if near(got, 8 * n * d):
             expect(False, f"train_flops({n:.3g}, {d:.3g}) = {got:.4g}: 8ND counts activation recomputation; the "
                           f"model FLOPs of 6ND leave it out (recomputation is overhead, not model work)")
         expect_close(got, expected, f"train_flops({n:.3g}, {d:.3g})", rtol=1e-9)
@@ -56,14 +49,14 @@ def check_implied_mfu(implied_mfu):
         got = implied_mfu(flops, hours, gpu, dtype)
         where = f"implied_mfu({flops:.4g}, {hours:.4g} h, {gpu!r}, {dtype!r})"
         expect(got is not None, "implied_mfu returned None -- return a fraction")
-        if _near(got, expected * 3600):
+        if near(got, expected * 3600):
             expect(False, f"{where} = {got:.4g}: GPU-hours must become seconds (x 3600) before dividing FLOPs")
-        if _near(got, expected * 100):
+        if near(got, expected * 100):
             expect(False, f"{where} = {got:.4g}: that is a percentage; return a fraction (expected {expected:.4g})")
-        if _near(got, expected / 2):
+        if near(got, expected / 2):
             expect(False, f"{where} = {got:.4g}: you used the sparse (2:4) peak; MFU is measured against the "
                           f"dense peak, {peak:g} TFLOP/s")
-        if _near(got, expected * 1e12) or _near(got, expected / 1e12):
+        if near(got, expected * 1e12) or near(got, expected / 1e12):
             expect(False, f"{where} = {got:.4g}: a unit slip -- the peak is in TFLOP/s (1e12 FLOP/s)")
         expect_close(got, expected, where, rtol=1e-6)
     return "achieved FLOP/s over the dense peak (DeepSeek-V3 on H800: about 0.33 of BF16, 0.16 of FP8)"
@@ -80,10 +73,10 @@ def check_adam_state(adam_state_bytes):
                                       f"with keys {sorted(expected_per)}")
         expect_equal(sorted(k for k in got if k != "total"), sorted(expected_per), "keys of the result")
         for key, b in expected_per.items():
-            if key == "master" and _near(got[key], 2 * n):
+            if key == "master" and near(got[key], 2 * n):
                 expect(False, "the master copy of the weights is kept in FP32 (4 bytes), so that small updates "
                               "are not lost to BF16 rounding")
-            if key in ("adam_m", "adam_v") and _near(got[key], 2 * n):
+            if key in ("adam_m", "adam_v") and near(got[key], 2 * n):
                 expect(False, f"{key}: Adam's moments are FP32 (4 bytes each) in the classic mixed-precision recipe")
             expect_close(got[key], b * n, f"adam_state_bytes({n:.3g})[{key!r}]", rtol=1e-9)
         total = sum(v for k, v in got.items() if k != "total")
@@ -129,14 +122,14 @@ def check_training_days(training_days):
         got = training_days(flops, gpus, gpu, dtype, mfu)
         where = f"training_days({flops:.3g}, {gpus} GPUs, {gpu!r}, {dtype!r}, mfu={mfu:.3g})"
         expect(got is not None, "training_days returned None -- return days")
-        if _near(got, expected * mfu * mfu):
+        if near(got, expected * mfu * mfu):
             expect(False, f"{where} = {got:.4g}: you multiplied by the MFU; a lower MFU means a *longer* run, so "
                           f"divide by it")
-        if _near(got, expected * 24):
+        if near(got, expected * 24):
             expect(False, f"{where} = {got:.4g}: that is hours; return days")
-        if _near(got, expected / 2):
+        if near(got, expected / 2):
             expect(False, f"{where} = {got:.4g}: you used the sparse peak; use the dense one ({peak:g} TFLOP/s)")
-        if _near(got, expected * gpus):
+        if near(got, expected * gpus):
             expect(False, f"{where} = {got:.4g}: the work is shared by {gpus} GPUs -- divide by the GPU count")
         expect_close(got, expected, where, rtol=1e-6)
     return "FLOPs / (GPUs x dense peak x MFU) / 86,400 s"
