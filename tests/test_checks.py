@@ -72,3 +72,15 @@ def test_expect_equal_sequences_and_dicts():
         expect_equal([1, 2], [1, 2, 3])
     with pytest.raises(CheckFailed, match=r"missing \['b'\]"):
         expect_equal({"a": 1}, {"a": 1, "b": 2})
+
+
+def test_widgets_static_and_interactive(monkeypatch, capsys):
+    from common import widgets
+    seen = []
+    widgets.explore(lambda n, gpu: seen.append((n, gpu)), n=(1, 9, 1), gpu=["H100-SXM", "B200"])
+    assert seen == [(5, "H100-SXM")] and "Static view" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="not controls"):
+        widgets.explore(lambda n: None, defaults={"m": 1}, n=(1, 9, 1))
+    monkeypatch.setattr(widgets, "is_headless", lambda: False)
+    w = widgets.explore(lambda n, gpu: seen.append((n, gpu)), defaults={"n": 3}, n=(1, 9, 1), gpu=["H100-SXM", "B200"])
+    assert seen[-1] == (3, "H100-SXM") and len(w.children) >= 2

@@ -49,3 +49,21 @@ def test_execute_collects_ledger_and_reports(tmp_path):
     report = (tmp_path / "build" / "report.md").read_text()
     assert "97_demo" in report and "failed" in report and "demo.answer" in report
     assert json.loads((tmp_path / "build" / "results.jsonl").read_text())["value"] == 42
+
+
+@pytest.mark.notebooks
+def test_wrong_answer_in_a_notebook_shows_the_verdict_not_a_traceback(tmp_path):
+    """A learner's wrong answer fails its check cell with the checker's message alone."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell('from common import setup\nenv = setup("98_demo", "quick")\n'
+                                          'from common.exercises.lab00 import check_matmul_flops'),
+                nbformat.v4.new_code_cell("check_matmul_flops(lambda m, n, k: m * n * k)")]
+    with pytest.raises(CellExecutionError):
+        NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    err = [o for o in nb.cells[1].outputs if o.output_type == "error"][0]
+    assert err["ename"] == "CheckFailed"
+    assert err["traceback"] == [f"FAIL {err['evalue']}"]
+    assert "each is 2 FLOPs" in err["evalue"]
