@@ -32,8 +32,10 @@ class SlowDataset(torch.utils.data.Dataset):
 def consumer_idle(loader, step_ms: float, max_batches: int | None = None) -> dict:
     """Run a consumer that spends `step_ms` per batch (the training step, a sleep here) over `loader`.
 
-    Returns wall time, time spent waiting for the next batch, the idle fraction (wait / wall) and batches seen."""
-    waited, steps = 0.0, 0
+    Returns wall time, time spent waiting for the next batch, the idle fraction (wait / wall), the steady-state idle
+    fraction (the same without the first batch, whose wait is pipeline start-up: forking workers, filling queues)
+    and the batches seen."""
+    waited, first_wait, steps = 0.0, 0.0, 0
     start = time.perf_counter()
     it = iter(loader)
     while max_batches is None or steps < max_batches:
@@ -43,11 +45,15 @@ def consumer_idle(loader, step_ms: float, max_batches: int | None = None) -> dic
         except StopIteration:
             break
         waited += time.perf_counter() - t0
+        if steps == 0:
+            first_wait = waited
         time.sleep(step_ms / 1e3)
         steps += 1
     wall = time.perf_counter() - start
     del it  # shuts the worker processes down
-    return {"wall_s": wall, "wait_s": waited, "idle_fraction": waited / wall if wall else 0.0, "batches": steps}
+    steady_wall = wall - first_wait
+    return {"wall_s": wall, "wait_s": waited, "idle_fraction": waited / wall if wall else 0.0,
+            "steady_idle_fraction": (waited - first_wait) / steady_wall if steady_wall > 0 else 0.0, "batches": steps}
 
 
 def loader_idle_sweep(workers=(0, 1, 2), n_items: int = 96, batch_size: int = 4, item_ms: float = 2.0,
