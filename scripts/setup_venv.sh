@@ -30,5 +30,16 @@ if [ -n "$TORCH_SPEC" ]; then
 fi
 echo "setup: installing the workbook and its dependencies"
 "${PIP[@]}" install -e . 2>&1 | grep -v "is ignored: it is neither" || true
-"$VENV/bin/python" -c "import common, torch, triton, papermill, nbval; print('setup: ok, torch', torch.__version__, 'triton', triton.__version__)"
+"$VENV/bin/python" - <<'PYEOF'
+import sys
+import common, nbval, papermill, torch
+try:
+    import triton
+    tv = triton.__version__
+except ImportError:
+    if sys.platform.startswith("linux"):
+        raise
+    tv = "not available on this platform (labs 03-04 need Linux)"
+print("setup: ok, torch", torch.__version__, "| triton", tv)
+PYEOF
 echo "setup: done in $(( $(date +%s) - start )) s"
