@@ -18,6 +18,9 @@ from common.env import PROFILES, REPO_ROOT
 
 BUILD = REPO_ROOT / "build"
 KINDS = ("solutions", "labs")
+# The kernel's start-up log (e.g. its warning about unencrypted local TCP) would clutter the progress lines; cell
+# errors still reach the notebook and the report.
+KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
 
 
 @dataclass
@@ -73,7 +76,7 @@ def execute(src: Path, profile: str, out_dir: Path, kind: str = "solutions", tim
     try:
         nb = pm.execute_notebook(str(src), str(out_dir / name), parameters={"PROFILE": profile},
                                  kernel_name="python3", cwd=str(src.parent), progress_bar=False,
-                                 execution_timeout=timeout)
+                                 execution_timeout=timeout, extra_arguments=KERNEL_ARGS)
         run.status = "ok"
         run.error = _first_error(nb)
     except Exception as exc:  # PapermillExecutionError carries the cell's error
