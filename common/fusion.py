@@ -202,23 +202,31 @@ def _flat(name: str, t):
     return t
 
 
+def _launch_elementwise(kernel: str, inputs: dict, out, block_size: int | None):
+    """Check the tensors, allocate `out` like the first input if needed, and launch one program per block over the
+    flattened elements (the last block masked inside the kernel)."""
+    first_name, first = next(iter(inputs.items()))
+    _check_tensor(first_name, first)
+    if out is None:
+        import torch
+        out = torch.empty_like(first)
+    _check_tensor("out", out)
+    _check_pair(first_name, first, "out", out)
+    block = _check_block(block_size)
+    k = _kernels()
+    n = first.numel()
+    if n:
+        flat = [_flat(name, t) for name, t in inputs.items()]
+        getattr(k, kernel)[(k.triton.cdiv(n, block),)](*flat, _flat("out", out), n, BLOCK_SIZE=block)
+    return out
+
+
 def vector_add(x, y, out=None, block_size: int | None = None):
     """out = x + y with the Triton kernel: one program per block of `block_size` elements, the last one masked."""
     _check_tensor("x", x)
     _check_tensor("y", y)
     _check_pair("x", x, "y", y)
-    if out is None:
-        import torch
-        out = torch.empty_like(x)
-    _check_tensor("out", out)
-    _check_pair("x", x, "out", out)
-    block = _check_block(block_size)
-    k = _kernels()
-    n = x.numel()
-    if n:
-        grid = (k.triton.cdiv(n, block),)
-        k.add[grid](_flat("x", x), _flat("y", y), _flat("out", out), n, BLOCK_SIZE=block)
-    return out
+    return _launch_elementwise("add", {"x": x, "y": y}, out, block_size)
 
 
 def softmax_num_warps(block_size: int) -> int:
@@ -250,18 +258,7 @@ def softmax(x, out=None):
 
 def chain_fused(x, out=None, block_size: int | None = None):
     """`chain_eager(x)` in one Triton kernel: one read of x, one write of out."""
-    _check_tensor("x", x)
-    if out is None:
-        import torch
-        out = torch.empty_like(x)
-    _check_tensor("out", out)
-    _check_pair("x", x, "out", out)
-    block = _check_block(block_size)
-    k = _kernels()
-    n = x.numel()
-    if n:
-        k.chain[(k.triton.cdiv(n, block),)](_flat("x", x), _flat("out", out), n, BLOCK_SIZE=block)
-    return out
+    return _launch_elementwise("chain", {"x": x}, out, block_size)
 
 
 # ---------------------------------------------------------------------------------------------- torch.compile
