@@ -555,3 +555,42 @@ def max_params_billion(hbm_gb: float, bytes_per_parameter: float, reserve_fracti
         raise ValueError(f"hbm_gb={hbm_gb}, bytes_per_parameter={bytes_per_parameter}, "
                          f"reserve_fraction={reserve_fraction}: need positive sizes and 0 <= reserve < 1")
     return hbm_gb * (1 - reserve_fraction) / bytes_per_parameter
+
+
+# Weight formats for the critical batch: (label, bytes per weight incl. scales, GEMM dtype, dtype used where the
+# GPU has no tensor cores for the GEMM dtype -- the weights are dequantized to it in registers -- and a note).
+WEIGHT_FORMATS = [
+    ("BF16 (W16A16)", 2.0, "bf16", None, "weights and math in BF16"),
+    ("FP8 W8A8 (128x128 FP32 scales)", bytes_per_param(8, 32, 128 * 128), "fp8", None,
+     "both operands FP8 (DeepSeek-V3)"),
+    ("W8A16 (8-bit weights, BF16 math)", bytes_per_param(8), "bf16", None,
+     "weight-only: 8-bit weights dequantized to BF16"),
+    ("W4A16 (4-bit weights, BF16 scale per 128)", bytes_per_param(4, 16, 128), "bf16", None,
+     "weight-only: 4-bit weights dequantized to BF16"),
+    ("NVFP4 W4A4", bytes_per_param(4, 8, 16), "fp4", "fp8", "FP4 tensor cores; on Hopper dequantized to FP8"),
+    ("MXFP4 W4A4", bytes_per_param(4, 8, 32), "fp4", "fp8", "FP4 tensor cores; on Hopper dequantized to FP8"),
+]
+
+
+def critical_batch(gpu_id: str, weight_bytes: float, gemm_dtype: str, fallback_dtype: str | None = None) -> dict:
+    """Tokens M* at which a weight-bound GEMM (M tokens through a K x N layer, weights read once) becomes
+    compute-bound: intensity 2 M K N / (K N weight_bytes) = 2 M / weight_bytes meets the ridge peak / HBM bandwidth,
+    so M* = ridge * weight_bytes / 2 (dense peak of the dtype the GEMM runs in; activations' bytes neglected).
+    Where the GPU lacks `gemm_dtype` tensor cores, the GEMM runs in `fallback_dtype` (None: raise)."""
+    from common import hardware
+    if weight_bytes <= 0:
+        raise ValueError(f"weight_bytes={weight_bytes}: must be positive")
+    dtype, note = gemm_dtype, ""
+    try:
+        ridge = hardware.ridge_point(gpu_id, gemm_dtype)
+    except hardware.UnsupportedDtype:
+        if fallback_dtype is None:
+            raise
+        dtype, note = fallback_dtype, f"no {gemm_dtype} tensor cores: dequantized to {fallback_dtype}"
+        ridge = hardware.ridge_point(gpu_id, fallback_dtype)
+    peak = hardware.peak_tflops(gpu_id, dtype)
+    m_star = ridge * weight_bytes / 2
+    return {"gemm_dtype": dtype, "dense_tflops": peak, "hbm_tbs": hardware.gpu(gpu_id).hbm_bandwidth_tbs,
+            "ridge": ridge, "m_star": m_star, "note": note,
+            "arithmetic": f"{peak:g} TFLOP/s / {hardware.gpu(gpu_id).hbm_bandwidth_tbs:g} TB/s = {ridge:.1f} FLOP/B;"
+                          f" x {weight_bytes:.4g} B / 2 = {m_star:.1f}"}

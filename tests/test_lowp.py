@@ -220,3 +220,21 @@ def test_make_activations_is_seeded_and_has_outliers():
     assert float(col_amax.max()) > 10 * float(col_amax.median())
     with pytest.raises(ValueError, match="outlier_channels"):
         lowp.make_activations(4, 8, outlier_channels=9)
+
+
+def test_critical_batch_weight_only_halves_and_quarters():
+    from common import lowp
+    bf16 = lowp.critical_batch("H100-SXM", 2.0, "bf16")
+    assert bf16["m_star"] == pytest.approx(989.5 / 3.35 * 2 / 2)
+    rows = {label: lowp.critical_batch("H100-SXM", b, d, f)["m_star"] / bf16["m_star"]
+            for label, b, d, f, _ in lowp.WEIGHT_FORMATS}
+    assert rows["W8A16 (8-bit weights, BF16 math)"] == pytest.approx(0.5)
+    assert rows["W4A16 (4-bit weights, BF16 scale per 128)"] == pytest.approx(0.2578125)
+    assert rows["FP8 W8A8 (128x128 FP32 scales)"] == pytest.approx(1.0, abs=1e-3)  # both operands: M* stays
+    nv = lowp.critical_batch("H100-SXM", 0.5625, "fp4", "fp8")
+    assert nv["gemm_dtype"] == "fp8" and "dequantized" in nv["note"]
+    assert lowp.critical_batch("B200", 0.5625, "fp4", "fp8")["gemm_dtype"] == "fp4"
+    with pytest.raises(ValueError):
+        lowp.critical_batch("H100-SXM", 0.5625, "fp4")  # no fallback: refused
+    with pytest.raises(ValueError, match="weight_bytes"):
+        lowp.critical_batch("H100-SXM", 0, "bf16")

@@ -1,15 +1,18 @@
 """Checkers for lab 05 (low precision): formats from the bit layout, rounding, FP8 tiles, MX and NVFP4 block
-scaling, promoted accumulation, bytes per parameter. Each draws fresh random inputs and compares with common.lowp."""
+scaling, promoted accumulation, bytes per parameter, the fine-grained FP8 GEMM. Each runs fixed cases (every format
+and block shape it accepts, asymmetric shapes first) and then random ones drawn from a fresh seed, which a failure
+prints (pass `seed=` to the check to replay it); each compares with common.lowp / common.scaled_gemm."""
 from __future__ import annotations
 
+import functools
 import math
 import random
 
 import numpy as np
 import torch
 
-from common import lowp
-from common.checks import checker, expect, expect_close, expect_equal, fail
+from common import lowp, scaled_gemm
+from common.checks import CheckFailed, checker, expect, expect_close, expect_equal, fail, near
 
 _SPECIALS = ("ieee", "fn", "none")
 
@@ -22,8 +25,31 @@ def _rand_tensor(rows, cols, gen, spread=3.0):
     return x.to(torch.float32)
 
 
-def _gen():
-    return torch.Generator().manual_seed(random.SystemRandom().randrange(2**31))
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _seeded(check):
+    """Give `check` a fresh seed per call (or the `seed=` passed) and name it in a failure."""
+    @functools.wraps(check)
+    def run(fn, seed=None):
+        seed = random.SystemRandom().randrange(2**31) if seed is None else int(seed)
+        try:
+            return check(fn, seed)
+        except CheckFailed as exc:
+            raise CheckFailed(f"{exc} [random cases from seed={seed}; replay with seed={seed}]") from None
+    return run
+
+
+def _call(fn, what, *args):
+    """Call the learner's function; an exception (other than NotImplementedError) becomes a verdict naming the
+    call that raised it."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        fail(f"calling {what} raised {type(exc).__name__}: {exc}")
 
 
 def _as_tensor(v, what):
@@ -52,9 +78,10 @@ def _first_diff(got, exp):
 
 # ---------------------------------------------------------------------------------------------- 5.1
 @checker("5.1", "format facts from the bit layout")
-def check_format_facts(format_facts):
+@_seeded
+def check_format_facts(format_facts, seed):
     """format_facts(exp_bits, man_bits, special) -> dict(max, smallest_normal, smallest_subnormal, eps)."""
-    rng = random.Random()
+    rng = random.Random(seed)
     cases = [(f.exp_bits, f.man_bits, f.special, f.name) for f in lowp.FORMATS.values()]
     for _ in range(4):
         e, m, sp = rng.randint(2, 6), rng.randint(1, 5), rng.choice(_SPECIALS)
@@ -62,7 +89,7 @@ def check_format_facts(format_facts):
     keys = ("max", "smallest_normal", "smallest_subnormal", "eps")
     for e, m, sp, name in cases:
         ref = lowp.Format(name, e, m, sp)
-        got = format_facts(e, m, sp)
+        got = _call(format_facts, f"format_facts({e}, {m}, {sp!r})", e, m, sp)
         expect(isinstance(got, dict), f"format_facts({e}, {m}, {sp!r}) must return a dict, got {type(got).__name__}")
         missing = [k for k in keys if k not in got]
         expect(not missing, f"format_facts({e}, {m}, {sp!r}) is missing keys {missing}")
@@ -88,16 +115,18 @@ def check_format_facts(format_facts):
 
 # ---------------------------------------------------------------------------------------------- 5.2
 @checker("5.2", "round to FP8 E4M3 (nearest-even, saturating)")
-def check_round_to_e4m3(round_to_e4m3):
+@_seeded
+def check_round_to_e4m3(round_to_e4m3, seed):
     """round_to_e4m3(x) -> tensor of E4M3 values nearest to x (ties to even), +-448 beyond the range."""
-    gen = _gen()
+    gen = _gen(seed)
     grid = torch.tensor(lowp.e4m3.values(), dtype=torch.float64)
     mids = (grid[1:] + grid[:-1]) / 2
     ties = torch.cat([mids, -mids])
     x = torch.cat([ties, grid, -grid, torch.tensor([464.0, 470.0, 500.0, 1e4, -1e6, 0.0]),
                    (torch.randn(2000, generator=gen, dtype=torch.float64)
                     * torch.exp(3 * torch.randn(2000, generator=gen, dtype=torch.float64)))]).to(torch.float32)
-    got = _as_tensor(round_to_e4m3(x.clone()), "round_to_e4m3(x)")
+    got = _as_tensor(_call(round_to_e4m3, f"round_to_e4m3(x of shape {tuple(x.shape)})", x.clone()),
+                     "round_to_e4m3(x)")
     expect_equal(tuple(got.shape), tuple(x.shape), "output shape")
     ref = lowp.round_to(x, lowp.e4m3, saturate=True)
     big = x.abs() > 448
@@ -126,7 +155,9 @@ def check_round_to_e4m3(round_to_e4m3):
 
 # ---------------------------------------------------------------------------------------------- shared
 def _check_blockwise(fn_name, out, x, bm, bk, elem, ref_scale, scale_name):
-    """Shape, axis, scale values, saturation, rounding of a (q, scale) result."""
+    """Shape, axis, scale values of a (q, scale) result; all-zero blocks must give finite scales and q = 0 (any
+    finite scale is accepted there: the block decodes to 0 whatever it is). Returns q and the scale with the
+    zero blocks' entries set to the reference's."""
     q, scale = _unpack(out, 2, fn_name)
     q, scale = _as_tensor(q, "q"), _as_tensor(scale, "scale")
     M, K = x.shape
@@ -135,17 +166,36 @@ def _check_blockwise(fn_name, out, x, bm, bk, elem, ref_scale, scale_name):
     wrong_axis = (M // bk, K // bm)
     if tuple(scale.shape) != want:
         if tuple(scale.shape) == wrong_axis and want != wrong_axis:
-            fail(f"wrong block axis: scale has shape {tuple(scale.shape)}, i.e. blocks of {bk}x{bm} running down "
-                 f"the columns; blocks are {bm}x{bk}, contiguous along the LAST dimension (K, the reduction "
+            fail(f"wrong block axis: scale has shape {tuple(scale.shape)}, i.e. blocks of {bk}x{bm}; blocks are "
+                 f"{bm}x{bk} ({bm} rows by {bk} columns), contiguous along the LAST dimension (K, the reduction "
                  f"dimension of the GEMM), so scale must have shape {want}")
         fail(f"scale shape: expected {want} (one per {bm}x{bk} block), got {tuple(scale.shape)}")
+    raw = scale
+    zero = lowp.blocks(x.double(), bm, bk).abs().amax(-1) == 0
+    if bool(zero.any()):
+        idx = tuple(int(i) for i in torch.nonzero(zero)[0])
+        if not bool(torch.isfinite(scale[zero]).all()):
+            fail(f"block {idx} is all zeros and its scale came out {float(scale[idx])}: amax = 0 must not give a "
+                 f"NaN/Inf scale (log2(0) = -inf, 0/0 = NaN); give such a block any finite scale (the reference uses "
+                 f"{float(ref_scale[idx]):g}) and q = 0")
+        qz = lowp.blocks(q, bm, bk)[zero]
+        if not bool((qz == 0).all()):
+            bad = float(qz[qz != 0][0]) if bool((qz == qz).all()) else float("nan")
+            fail(f"block {idx} is all zeros but its q holds {bad} (x / scale with scale = 0 is NaN): an all-zero "
+                 f"block must quantize to q = 0")
+        scale = torch.where(zero, ref_scale, scale)
     if not torch.allclose(scale, ref_scale, rtol=1e-6, atol=0):
         if bm == 1 and M % bk == 0:
             wrong = lowp.quantize(x.T.contiguous(), elem, (1, bk), scale_name).scale.T.reshape(-1)
-            if wrong.numel() == scale.numel() and torch.allclose(scale.reshape(-1).sort().values,
-                                                                wrong.sort().values, rtol=1e-6):
+            if wrong.numel() == raw.numel() and torch.allclose(raw.reshape(-1).sort().values,
+                                                              wrong.sort().values, rtol=1e-6):
                 fail(f"wrong block axis: your scales are those of blocks of {bk} consecutive ROWS (down a column); "
                      f"a block is {bk} consecutive elements of a row (along K)")
+        if bm != bk and (M % bk == 0) and (K % bm == 0):
+            swapped = lowp.quantize(x, elem, (bk, bm), scale_name).scale
+            if swapped.numel() == raw.numel() and torch.allclose(raw.reshape(-1), swapped.reshape(-1), rtol=1e-6):
+                fail(f"block rows and columns swapped: your scales are those of {bk}x{bm} blocks; block={(bm, bk)} "
+                     f"means {bm} rows by {bk} columns")
     return q, scale
 
 
@@ -165,150 +215,288 @@ def _check_elements(q, x, s_full, elem):
     if d is not None:
         idx, n = d
         on_grid = bool((lowp.round_to(q[idx], elem) == q[idx]))
-        fail(f"element {idx}: x / scale = {float(x[idx] / s_full[idx]):.6g} should round to {float(ref_q[idx]):g} "
-             f"in {elem.name}, got {float(q[idx]):g}" + ("" if on_grid else f" (not a {elem.name} value at all)")
+        fail(f"element {idx}: x / scale = {float(x[idx] / s_full[idx]):.9g} should round to {float(ref_q[idx]):.9g} "
+             f"in {elem.name}, got {float(q[idx]):.9g}" + ("" if on_grid else f" (not a {elem.name} value at all)")
              + f"; {n} of {q.numel()} elements differ")
+
+
+def _with_zero_block(x, bm, bk):
+    """x with its second block (or first, when there is one) set to zero."""
+    x = x.clone()
+    nb = (x.shape[0] // bm) * (x.shape[1] // bk)
+    i = 1 if nb > 1 else 0
+    r, c = divmod(i, x.shape[1] // bk)
+    x[r * bm:(r + 1) * bm, c * bk:(c + 1) * bk] = 0
+    return x
+
+
+def _expect_refusal(fn, what, *args):
+    try:
+        fn(*args)
+    except ValueError:
+        return
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        fail(f"{what} raised {type(exc).__name__} ({exc}); a block that does not tile x must raise ValueError "
+             f"naming the block and the shape")
+    fail(f"{what} did not refuse: the block does not tile x, so the function must raise ValueError naming the "
+         f"block and the shape instead of quantizing a partial tile silently")
 
 
 # ---------------------------------------------------------------------------------------------- 5.3
 @checker("5.3", "DeepSeek-V3 fine-grained FP8 (1x128 tiles, 128x128 blocks)")
-def check_quantize_fp8_blockwise(quantize_fp8_blockwise):
+@_seeded
+def check_quantize_fp8_blockwise(quantize_fp8_blockwise, seed):
     """quantize_fp8_blockwise(x, block=(bm, bk)) -> (q, scale): q E4M3 values of x's shape, scale FP32 amax/448
-    per block with shape (M/bm, K/bk); raises ValueError when the block does not tile x."""
-    gen, rng = _gen(), random.Random()
-    cases = [((1, 128), 128, 128 * rng.randint(2, 3)), ((128, 128), 128 * rng.randint(1, 2), 128 * rng.randint(1, 2))]
-    for block, M, K in cases:
+    per block with shape (M/bm, K/bk); raises ValueError when the block does not tile x (in either axis)."""
+    gen, rng = _gen(seed), random.Random(seed)
+    cases = [((1, 128), 128, 384, True), ((128, 128), 256, 128, True), ((2, 64), 64, 256, True),
+             ((1, 128), 128, 128 * rng.randint(2, 3), False),
+             ((128, 128), 128 * rng.randint(1, 2), 128 * rng.randint(1, 2), False)]
+    for block, M, K, with_zero in cases:
         x = _rand_tensor(M, K, gen)
+        if with_zero:
+            x = _with_zero_block(x, *block)
         ref = lowp.quantize(x, lowp.e4m3, block, "fp32")
-        out = quantize_fp8_blockwise(x.clone(), block)
+        out = _call(quantize_fp8_blockwise, f"quantize_fp8_blockwise(x of shape {(M, K)}, block={block})",
+                    x.clone(), block)
         if isinstance(out, (tuple, list)) and len(out) == 2:
             s = _as_tensor(out[1], "scale")
             if s.shape == ref.scale.shape and torch.allclose(s, 1 / ref.scale, rtol=1e-5):
                 fail("scale is upside down: you returned 448 / amax. The scale is what q is multiplied by to get "
                      "x back: scale = amax / 448, q = x / scale")
         q, s = _check_blockwise("quantize_fp8_blockwise", out, x, *block, lowp.e4m3, ref.scale, "fp32")
-        expect_close(s, ref.scale, f"scale for block {block} (amax / 448 per block, in FP32)", rtol=1e-6, atol=0)
+        expect_close(s, ref.scale, f"scale for block {block}, x of shape {(M, K)} (amax / 448 per block, in FP32)",
+                     rtol=1e-6, atol=0)
         _check_elements(q, x, _expand(s, *block), lowp.e4m3)
-    bad = _rand_tensor(4, 200, gen)
-    try:
-        quantize_fp8_blockwise(bad, (1, 128))
-    except ValueError:
-        pass
-    else:
-        fail("x of shape (4, 200) with block (1, 128): 128 does not divide 200, so the function must refuse "
-             "(raise ValueError naming the block and the shape) instead of quantizing a partial tile silently")
-    return "1x128 activation tiles and 128x128 weight blocks right; a block that does not tile x is refused"
+    _expect_refusal(quantize_fp8_blockwise, "quantize_fp8_blockwise(x of shape (4, 200), block=(1, 128))",
+                    _rand_tensor(4, 200, gen), (1, 128))
+    _expect_refusal(quantize_fp8_blockwise, "quantize_fp8_blockwise(x of shape (100, 256), block=(128, 128))",
+                    _rand_tensor(100, 256, gen), (128, 128))
+    return ("1x128 tiles, 128x128 blocks and a 2x64 block right, all-zero blocks without NaN; a block that does not "
+            "tile x (K or rows) is refused")
 
 
 # ---------------------------------------------------------------------------------------------- 5.4
 @checker("5.4", "MX block scaling (E8M0 power-of-two scale)")
-def check_mx_quantize(mx_quantize):
+@_seeded
+def check_mx_quantize(mx_quantize, seed):
     """mx_quantize(x, elem, block=32) -> (q, scale): scale = 2^(floor(log2 amax) - elem.emax) per 1 x block tile,
     q = x / scale rounded to elem (nearest-even) and saturated."""
-    gen, rng = _gen(), random.Random()
-    for elem in (lowp.e2m1, lowp.e4m3):
-        M, K = 32 * rng.randint(1, 3), 32 * rng.randint(2, 6)
+    gen, rng = _gen(seed), random.Random(seed)
+    cases = [(lowp.e2m1, 32, 64, 96, True), (lowp.e4m3, 32, 2, 64, True), (lowp.e5m2, 32, 2, 64, False),
+             (lowp.e2m1, 16, 2, 48, True), (lowp.e4m3, 64, 2, 128, False),
+             (rng.choice([lowp.e2m1, lowp.e4m3]), 32, 32 * rng.randint(1, 3), 32 * rng.randint(2, 6), False)]
+    for elem, block, M, K, with_zero in cases:
         x = _rand_tensor(M, K, gen)
-        ref = lowp.quantize(x, elem, (1, 32), "e8m0")
-        out = mx_quantize(x.clone(), elem, 32)
-        q, s = _check_blockwise("mx_quantize", out, x, 1, 32, elem, ref.scale, "e8m0")
+        if with_zero:
+            x = _with_zero_block(x, 1, block)
+        ref = lowp.quantize(x, elem, (1, block), "e8m0")
+        what = f"mx_quantize(x of shape {(M, K)}, {elem.name}, block={block})"
+        out = _call(mx_quantize, what, x.clone(), elem, block)
+        q, s = _check_blockwise(what, out, x, 1, block, elem, ref.scale, "e8m0")
         not_pow2 = ~lowp.is_power_of_two(s)
         if bool(not_pow2.any()):
             idx = tuple(int(i) for i in torch.nonzero(not_pow2)[0])
             hint = " -- that is amax / elem.max, an FP32 scale" if math.isclose(
-                float(s[idx]), float(x[idx[0], idx[1] * 32:(idx[1] + 1) * 32].abs().max()) / elem.max,
+                float(s[idx]), float(x[idx[0], idx[1] * block:(idx[1] + 1) * block].abs().max()) / elem.max,
                 rel_tol=1e-5) else ""
-            fail(f"E8M0 scales must be powers of two, but scale{idx} = {float(s[idx]):.6g}{hint}. "
+            fail(f"{what}: E8M0 scales must be powers of two, but scale{idx} = {float(s[idx]):.9g}{hint}. "
                  f"MX uses 2^(floor(log2(amax)) - emax_elem), emax_elem = {elem.emax} for {elem.name}")
         if not torch.equal(s, ref.scale):
-            ceil = lowp.quantize(x, elem, (1, 32), "e8m0", e8m0_rounding="ceil").scale
+            ceil = lowp.quantize(x, elem, (1, block), "e8m0", e8m0_rounding="ceil").scale
             idx = tuple(int(i) for i in torch.nonzero(s != ref.scale)[0])
             if torch.equal(s, ceil):
-                fail(f"scale{idx} = {float(s[idx]):g}: you rounded the exponent up (2^ceil(log2(amax/{elem.max:g}))"
-                     f", a variant that never saturates). OCP MX v1.0 takes floor(log2(amax)) - {elem.emax} = "
-                     f"{float(ref.scale[idx]):g} and saturates the few elements that land above {elem.max:g}")
-            fail(f"scale{idx}: expected 2^(floor(log2 amax) - {elem.emax}) = {float(ref.scale[idx]):g}, got "
+                fail(f"{what}: scale{idx} = {float(s[idx]):g}: you rounded the exponent up (2^ceil(log2(amax/"
+                     f"{elem.max:g}))), a variant that never saturates). OCP MX v1.0 takes floor(log2(amax)) - "
+                     f"{elem.emax} = {float(ref.scale[idx]):g} and saturates the few elements above {elem.max:g}")
+            fail(f"{what}: scale{idx}: expected 2^(floor(log2 amax) - {elem.emax}) = {float(ref.scale[idx]):g}, got "
                  f"{float(s[idx]):g}")
-        _check_elements(q, x, _expand(s, 1, 32), elem)
-    return "MXFP4 and MXFP8 right: power-of-two scales per 32 elements along K, saturation above the element max"
+        _check_elements(q, x, _expand(s, 1, block), elem)
+    return ("MXFP4, MXFP8 (E4M3 and E5M2) right for blocks of 16, 32 and 64: power-of-two scales along K, "
+            "saturation above the element max, all-zero blocks without NaN")
 
 
 # ---------------------------------------------------------------------------------------------- 5.5
 @checker("5.5", "NVFP4 two-level scaling")
-def check_nvfp4_quantize(nvfp4_quantize):
+@_seeded
+def check_nvfp4_quantize(nvfp4_quantize, seed):
     """nvfp4_quantize(x) -> (q, block_scale, tensor_scale): tensor_scale = amax / (6 * 448) in FP32; block_scale
     = E4M3 rounding of block_amax / 6 / tensor_scale per 1x16 tile; q = x / (block_scale * tensor_scale) in E2M1."""
-    gen, rng = _gen(), random.Random()
-    for magnitude in (1.0, 1e4):
-        M, K = rng.randint(2, 6), 32 * rng.randint(1, 4)
+    gen, rng = _gen(seed), random.Random(seed)
+    for magnitude, M, K, with_zero in [(1.0, 3, 64, True), (1e4, 2, 96, False), (1e-3, 4, 32, True),
+                                       (1.0, rng.randint(2, 6), 32 * rng.randint(1, 4), False)]:
         x = _rand_tensor(M, K, gen) * magnitude
+        if with_zero:
+            x = _with_zero_block(x, 1, 16)
         ref = lowp.quantize(x, lowp.e2m1, (1, 16), "e4m3", tensor_scale=True)
-        q, bs, ts = _unpack(nvfp4_quantize(x.clone()), 3, "nvfp4_quantize")
+        what = f"nvfp4_quantize(x of shape {(M, K)}, amax {float(x.abs().max()):.4g})"
+        q, bs, ts = _unpack(_call(nvfp4_quantize, what, x.clone()), 3, "nvfp4_quantize")
         bs = _as_tensor(bs, "block_scale")
         try:
             ts = float(ts)
         except (TypeError, ValueError):
-            fail(f"tensor_scale must be one number, got {type(ts).__name__}")
-        if tuple(bs.shape) == (M, K // 32):
-            fail(f"block_scale has shape {tuple(bs.shape)}: one scale per 32 elements is MXFP4's block; NVFP4 "
-                 f"uses 16-element blocks, so expect {(M, K // 16)}")
+            fail(f"{what}: tensor_scale must be one number, got {type(ts).__name__}")
+        if tuple(bs.shape) == (M, K // 32) and K // 32 != K // 16:
+            fail(f"{what}: block_scale has shape {tuple(bs.shape)}: one scale per 32 elements is MXFP4's block; "
+                 f"NVFP4 uses 16-element blocks, so expect {(M, K // 16)}")
         if ts == 1.0 and ref.tensor_scale != 1.0:
-            fail(f"tensor_scale is 1: NVFP4's second level is amax / (6 * 448) = {ref.tensor_scale:.6g} for this "
-                 f"tensor (amax {float(x.abs().max()):.4g}); without it the E4M3 block scales saturate at 448 or "
-                 f"underflow")
-        expect_close(ts, ref.tensor_scale, "tensor_scale (amax / (6 * 448), FP32)", rtol=1e-6, atol=0)
+            fail(f"{what}: tensor_scale is 1: NVFP4's second level is amax / (6 * 448) = {ref.tensor_scale:.9g} for "
+                 f"this tensor; without it the E4M3 block scales saturate at 448 or underflow")
+        expect_close(ts, ref.tensor_scale, f"{what}: tensor_scale (amax / (6 * 448), FP32)", rtol=1e-6, atol=0)
         q, bs = _check_blockwise("nvfp4_quantize", (q, bs), x, 1, 16, lowp.e2m1, ref.block_scale, "e4m3")
         off_grid = lowp.round_to(bs, lowp.e4m3) != bs
         if bool(off_grid.any()):
             idx = tuple(int(i) for i in torch.nonzero(off_grid)[0])
-            fail(f"block_scale{idx} = {float(bs[idx]):.6g} is not an FP8 E4M3 value: NVFP4 stores block scales in "
-                 f"E4M3, so round block_amax / 6 / tensor_scale to E4M3 (it becomes {float(ref.block_scale[idx]):g})")
-        expect_close(bs, ref.block_scale, "block_scale (E4M3 of block_amax / 6 / tensor_scale)", rtol=0, atol=0)
-        _check_elements(q, x, _expand(bs * ts, 1, 16), lowp.e2m1)
-    return "tensor scale, E4M3 block scales per 16 elements and E2M1 elements right, for small and large tensors"
+            fail(f"{what}: block_scale{idx} = {float(bs[idx]):.9g} is not an FP8 E4M3 value: NVFP4 stores block "
+                 f"scales in E4M3, so round block_amax / 6 / tensor_scale to E4M3 (it becomes "
+                 f"{float(ref.block_scale[idx]):g})")
+        expect_close(bs, ref.block_scale, f"{what}: block_scale (E4M3 of block_amax / 6 / tensor_scale)", rtol=0,
+                     atol=0)
+        s_full = _expand(bs * ts, 1, 16)
+        _check_elements(q, x, torch.where(s_full > 0, s_full, torch.ones_like(s_full)), lowp.e2m1)
+    return ("tensor scale, E4M3 block scales per 16 elements and E2M1 elements right for amax from 1e-3 to 1e4; "
+            "all-zero blocks give q = 0, not NaN")
 
 
 # ---------------------------------------------------------------------------------------------- 5.6
 @checker("5.6", "accumulate with promotion to FP32")
-def check_promoted_sum(promoted_sum):
+@_seeded
+def check_promoted_sum(promoted_sum, seed):
     """promoted_sum(products, acc_bits, promote_every) -> sums (batch,), the limited accumulator added into an FP32
     total every `promote_every` products and restarted; rounding via lowp.round_significand (truncate)."""
-    rng = np.random.default_rng(random.SystemRandom().randrange(2**31))
-    for acc_bits, every, K in [(14, 128, 1000), (10, 32, 300), (14, 128, 512)]:
+    rng = np.random.default_rng(seed)
+    for acc_bits, every, K in [(14, 128, 1000), (10, 32, 300), (12, 64, int(rng.integers(200, 700)))]:
         p = rng.standard_normal((8, K)) * np.exp(rng.standard_normal((8, 1)))
         ref = lowp.accumulate(p, acc_bits, every)
-        got = promoted_sum(p.copy(), acc_bits, every)
-        expect(got is not None, "promoted_sum returned None -- return the sums")
-        got = np.asarray(got, dtype=np.float64)
-        expect_equal(tuple(got.shape), (8,), "shape of the sums (one per row)")
+        what = f"promoted_sum(products of shape {p.shape}, acc_bits={acc_bits}, promote_every={every})"
+        got = _call(promoted_sum, what, p.copy(), acc_bits, every)
+        expect(got is not None, f"{what} returned None -- return the sums")
+        try:
+            got = np.asarray(got, dtype=np.float64)
+        except (TypeError, ValueError):
+            fail(f"{what} returned {type(got).__name__}; expected an array of {p.shape[0]} sums")
+        expect_equal(tuple(got.shape), (8,), f"{what}: shape of the sums (one per row)")
         never = lowp.accumulate(p, acc_bits, None)
         if np.allclose(got, never, rtol=1e-12) and not np.allclose(ref, never, rtol=1e-12):
-            fail("you never promote: the limited accumulator runs over all K products. Every "
+            fail(f"{what}: you never promote: the limited accumulator runs over all K products. Every "
                  f"{every} products add it into the FP32 total and start it again from 0")
+        for bits in {14, 10, 12} - {acc_bits}:
+            other = lowp.accumulate(p, bits, every)
+            if np.allclose(got, other, rtol=1e-12) and not np.allclose(ref, other, rtol=1e-12):
+                fail(f"{what}: your sums are those of a {bits}-bit accumulator: use the acc_bits argument")
+        for ev in {128, 32, 64} - {every}:
+            other = lowp.accumulate(p, acc_bits, ev)
+            if np.allclose(got, other, rtol=1e-12) and not np.allclose(ref, other, rtol=1e-12):
+                fail(f"{what}: you promote every {ev} products, not every promote_every = {every}")
         exact = p.sum(axis=1)
         if np.abs(got - exact).max() > 10 * np.abs(ref - exact).max() + 1e-9:
-            fail(f"sums far from the exact ones (largest error {np.abs(got - exact).max():.3g}, the reference "
-                 f"model's is {np.abs(ref - exact).max():.3g}): did you forget to restart the limited accumulator "
-                 f"at 0 after adding it to the FP32 total?")
-        expect_close(got, ref, f"sums (acc_bits={acc_bits}, promote_every={every}, K={K})", rtol=1e-6,
-                     atol=1e-6 * float(np.abs(p).sum(axis=1).max()))
-    return "limited accumulator promoted into FP32 every N products, including a ragged last group"
+            fail(f"{what}: sums far from the exact ones (largest error {np.abs(got - exact).max():.3g}, the "
+                 f"reference model's is {np.abs(ref - exact).max():.3g}): did you forget to restart the limited "
+                 f"accumulator at 0 after adding it to the FP32 total?")
+        expect_close(got, ref, f"{what}: sums", rtol=1e-6, atol=1e-6 * float(np.abs(p).sum(axis=1).max()))
+    return "limited accumulator promoted into FP32 every N products (N and the bits varied), a ragged last group"
 
 
 # ---------------------------------------------------------------------------------------------- 5.7
 @checker("5.7", "bytes per parameter with scale overhead")
-def check_bytes_per_param(bytes_per_param):
+@_seeded
+def check_bytes_per_param(bytes_per_param, seed):
     """bytes_per_param(elem_bits, scale_bits, block_elems) -> bytes per element, scales included."""
-    rng = random.Random()
-    cases = [(8, 8, 32), (4, 8, 32), (4, 8, 16), (8, 32, 128), (8, 32, 16384)] + [
+    rng = random.Random(seed)
+    cases = [(8, 8, 32), (4, 8, 32), (4, 8, 16), (8, 32, 128), (8, 32, 16384), (6, 16, 64)] + [
         (rng.choice([4, 6, 8, 16]), rng.choice([8, 16, 32]), rng.choice([16, 32, 64, 128])) for _ in range(4)]
     for e, s, b in cases:
-        got = bytes_per_param(e, s, b)
+        got = _call(bytes_per_param, f"bytes_per_param({e}, {s}, {b})", e, s, b)
         expected = lowp.bytes_per_param(e, s, b)
-        if got is not None and math.isclose(got, e / 8):
+        if near(got, e / 8, 1e-9):
             fail(f"bytes_per_param({e}, {s}, {b}) = {got:g} leaves out the scale: one {s}-bit scale per {b} "
                  f"elements adds {s / 8 / b:g} bytes per element ({expected:g} in all)")
-        if got is not None and math.isclose(got, e / 8 + s / b):
+        if near(got, e / 8 + s / b, 1e-9):
             fail(f"bytes_per_param({e}, {s}, {b}) = {got:g} counts the scale in bits, not bytes: {s}/8/{b}")
-        expect_close(got, expected, f"bytes_per_param({e}, {s}, {b})", rtol=1e-12)
+        if near(got, (e + s) / 8, 1e-9):
+            fail(f"bytes_per_param({e}, {s}, {b}) = {got:g} charges the whole scale to every element; it is shared "
+                 f"by {b} elements: {e}/8 + {s}/8/{b}")
+        expect_close(got, expected, f"bytes_per_param({e}, {s}, {b})", rtol=1e-9)
     return "right for MXFP8 (1.03125), MXFP4 (0.53125), NVFP4 (0.5625) and DeepSeek's FP8 tiles"
+
+# ---------------------------------------------------------------------------------------------- 5.8
+def _fine_grained_case(M, N, K, gen):
+    """FP8 operands with 1x128 activation tiles and 128x128 weight blocks whose scales differ a lot block to block
+    (so per-tensor scales, a scale on the wrong axis or a scale applied once are far from right)."""
+    x = _rand_tensor(M, K, gen, spread=1.0)
+    x *= torch.exp(1.5 * torch.randn(1, K // 128, generator=gen)).repeat_interleave(128, 1)
+    w = torch.randn(N, K, generator=gen) * 0.02
+    w *= torch.exp(1.5 * torch.randn(N // 128, K // 128, generator=gen)).repeat_interleave(128, 0).repeat_interleave(
+        128, 1)
+    xq, xs = scaled_gemm.quantize_fp8(x, scaled_gemm.ACTIVATION_TILE)
+    wq, ws = scaled_gemm.quantize_fp8(w, scaled_gemm.WEIGHT_BLOCK)
+    return xq, xs, wq, ws
+
+
+def _fine_grained_mistakes(xq, xs, wq, ws):
+    """(name, result) of the classic mistakes, each by its own formula (float64)."""
+    a, b = xq.double(), wq.double()
+    full = a @ b.T
+    nk = xs.shape[1]
+    parts = [a[:, k * 128:(k + 1) * 128] @ b[:, k * 128:(k + 1) * 128].T for k in range(nk)]
+    wcol = ws.double().repeat_interleave(128, 0)  # (N, K/128)
+    out = [("forgot to dequantise: no scale applied at all (the product of the raw FP8 codes)", full),
+           ("per-tensor scales instead of per-block ones (one amax scale for each operand)",
+            full * xs.double().max() * ws.double().max()),
+           ("the scales applied once after summing all of K (no per-K-block promotion): the first K-block's "
+            "scales scale every block", full * xs.double()[:, :1] * wcol[:, :1].T),
+           ("the scales applied once after summing all of K (no per-K-block promotion): the mean scale over the "
+            "K-blocks", full * xs.double().mean(1, keepdim=True) * wcol.mean(1)[None, :]),
+           ("the activation scale left out (only the weight scales applied)",
+            sum(p * wcol[:, k][None, :] for k, p in enumerate(parts))),
+           ("the weight scale left out (only the activation scales applied)",
+            sum(p * xs.double()[:, k:k + 1] for k, p in enumerate(parts)))]
+    if ws.shape[0] == ws.shape[1]:
+        wt = ws.double().T.repeat_interleave(128, 0)
+        out.append(("weight scales on the wrong axis: ws[k, n_block] used where ws[n_block, k] is meant (ws is "
+                    "(N/128, K/128): rows follow the output columns, columns the K-blocks)",
+                    sum(p * xs.double()[:, k:k + 1] * wt[:, k][None, :] for k, p in enumerate(parts))))
+    return out
+
+
+@checker("5.8", "fine-grained FP8 GEMM with per-K-block promotion")
+@_seeded
+def check_fine_grained_gemm(fine_grained_gemm, seed):
+    """fine_grained_gemm(xq, xs, wq, ws) -> y (M, N) = x @ w.T: xq (M, K) and wq (N, K) float8_e4m3fn, xs (M, K/128)
+    activation-tile scales, ws (N/128, K/128) weight-block scales; per K-block the FP8 product times xs[:, k] and
+    ws[n // 128, k], summed in FP32."""
+    gen, rng = _gen(seed), random.Random(seed)
+    cases = [(3, 256, 256), (5, 256, 384), (rng.randint(1, 40), 128 * rng.randint(1, 3), 128 * rng.randint(1, 4))]
+    for M, N, K in cases:
+        xq, xs, wq, ws = _fine_grained_case(M, N, K, gen)
+        args = (xq.clone(), xs.clone(), wq.clone(), ws.clone())
+        what = f"fine_grained_gemm(xq {tuple(xq.shape)}, xs {tuple(xs.shape)}, wq {tuple(wq.shape)}, ws {tuple(ws.shape)})"
+        got = _call(fine_grained_gemm, what, *args)
+        for name, a, b in zip(("xq", "xs", "wq", "ws"), args, (xq, xs, wq, ws)):
+            expect(torch.equal(a.view(torch.uint8) if a.dtype == scaled_gemm.FP8 else a,
+                               b.view(torch.uint8) if b.dtype == scaled_gemm.FP8 else b),
+                   f"{what} modified its input {name}; a GEMM must leave its operands alone")
+        if not isinstance(got, torch.Tensor):
+            fail(f"{what} returned {type(got).__name__}; expected a torch.Tensor of shape {(M, N)}")
+        expect_equal(tuple(got.shape), (M, N), f"{what}: shape of y")
+        if got.dtype == scaled_gemm.FP8:
+            fail(f"{what} returned float8: the output of a scaled GEMM is float32 (or bfloat16); pass "
+                 f"out_dtype=torch.float32 to torch._scaled_mm")
+        ref = scaled_gemm.dequantize_fp8(xq, xs, scaled_gemm.ACTIVATION_TILE) @ scaled_gemm.dequantize_fp8(
+            wq, ws, scaled_gemm.WEIGHT_BLOCK).T
+        low = got.dtype in (torch.bfloat16, torch.float16)
+        tol = 2e-2 if low else 1e-4  # a float32 (or float64) sum agrees to ~1e-6; a bf16 output rounds to 2^-8
+        g = got.detach().to(torch.float64)
+        scale = float(ref.abs().max())
+        err = float((g - ref).abs().max()) / scale
+        if err > tol:
+            for name, wrong in _fine_grained_mistakes(xq, xs, wq, ws):
+                if float((g - wrong).abs().max()) <= tol * float(wrong.abs().max()):
+                    fail(f"{what}: {name}. Expected y[0, 0] = {float(ref[0, 0]):.9g}, got {float(g[0, 0]):.9g}. "
+                         f"Per K-block k: y += (xq[:, k-block] @ wq[:, k-block].T) * xs[:, k] * ws[n // 128, k]")
+        expect_close(g, ref, f"{what}: y ({got.dtype} accepted within {tol:g} of max|y|)", rtol=tol,
+                     atol=tol * scale)
+    return ("per-K-block FP8 products scaled by their 1x128 and 128x128 scales and summed in FP32, for 3 shapes "
+            "(K/128 = N/128 and not)")
