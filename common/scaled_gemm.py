@@ -101,8 +101,8 @@ def scaled_mm_fine_grained(xq, xs, wq, ws, use_fast_accum: bool = False, block_k
     acc = torch.zeros(M, N, dtype=torch.float32, device=xq.device)
     for k in range(nk):
         ks = slice(k * block_k, (k + 1) * block_k)
-        part = torch._scaled_mm(xq[:, ks], wq[:, ks].t(), scale_a=one, scale_b=one, out_dtype=torch.float32,
-                                use_fast_accum=use_fast_accum)
+        part = torch._scaled_mm(xq[:, ks].contiguous(), wq[:, ks].contiguous().t(), scale_a=one, scale_b=one,
+                                out_dtype=torch.float32, use_fast_accum=use_fast_accum)
         acc += part * xs[:, k:k + 1].float() * ws_cols[:, k][None, :]  # promotion: scale, add in FP32
     return acc
 
@@ -112,8 +112,10 @@ def scaled_mm_blockwise_native(xq, xs, wq, ws, out_dtype=torch.bfloat16) -> torc
     build or device does not offer it (the CPU does not). Tries the scale layouts cuBLAS may require."""
     _check_operands(xq, wq)
     errors = []
-    for name, sa, sb in [("row-major scales", xs.contiguous(), ws.t().contiguous()),
-                         ("M-major scales", xs.t().contiguous().t(), ws.t().contiguous().t())]:
+    a_layouts = [("scale_a row-major", xs.contiguous()), ("scale_a M-major", xs.t().contiguous().t())]
+    b_layouts = [("scale_b row-major", ws.t().contiguous()), ("scale_b N-major", ws.contiguous().t())]
+    for (na, sa), (nb, sb) in [(a, b) for a in a_layouts for b in b_layouts]:
+        name = f"{na}, {nb}"
         try:
             return torch._scaled_mm(xq, wq.t(), scale_a=sa.float(), scale_b=sb.float(), out_dtype=out_dtype)
         except (RuntimeError, ValueError) as exc:
@@ -130,9 +132,10 @@ def gemm_flops(M: int, N: int, K: int) -> float:
 # Error against K
 # --------------------------------------------------------------------------------------------------------------
 
-def error_vs_k(ks, M: int = 16, N: int = 256, seed: int = 0, model_outputs: int = 64,
-               model_bits: int = 14) -> list[dict]:
-    """Per K: relative Frobenius errors of FP8 GEMMs of `lowp.make_activations(M, K)` and `lowp.make_weights(N, K)`.
+def error_vs_k(ks, M: int = 16, N: int = 256, seed: int = 0, model_outputs: int = 64, model_bits: int = 14,
+               device: str = "cpu") -> list[dict]:
+    """Per K: relative Frobenius errors of FP8 GEMMs of `lowp.make_activations(M, K)` and `lowp.make_weights(N, K)`
+    (drawn on the CPU, so every device sees the same numbers; the GEMMs run on `device`).
 
     total_*: against the float64 product of the unquantized operands (quantization + accumulation);
     accum_*: against the float64 product of the same FP8 values (accumulation alone), per-tensor scales,
@@ -142,8 +145,8 @@ def error_vs_k(ks, M: int = 16, N: int = 256, seed: int = 0, model_outputs: int 
     """
     rows = []
     for K in ks:
-        x = lowp.make_activations(M, K, seed=seed)
-        w = lowp.make_weights(N, K, seed=seed + 1)
+        x = lowp.make_activations(M, K, seed=seed).to(device)
+        w = lowp.make_weights(N, K, seed=seed + 1).to(device)
         ref = x.double() @ w.double().T
         xq, xs = quantize_fp8(x)
         wq, ws = quantize_fp8(w)
@@ -162,7 +165,7 @@ def error_vs_k(ks, M: int = 16, N: int = 256, seed: int = 0, model_outputs: int 
                                                  @ dequantize_fp8(gq, gs, WEIGHT_BLOCK).T, y)
         idx = np.arange(model_outputs)
         i, j = idx % M, (idx // M) % N
-        products = (xd[i] * wd[j]).numpy()
+        products = (xd[i] * wd[j]).cpu().numpy()
         exact_sums = products.sum(axis=1)
         for label, every in (("model_no_promotion", None), ("model_promote_128", BLOCK_K)):
             sums = lowp.accumulate(products, model_bits, every, "truncate")

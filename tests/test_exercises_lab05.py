@@ -99,9 +99,14 @@ def test_round_flushes_subnormals():
 
 
 # ------------------------------------------------------------------------------------------------ 5.3
-def fp8_blockwise(x, block):
-    qt = lowp.quantize(x, lowp.e4m3, block, "fp32")
-    return qt.q, qt.scale
+def fp8_blockwise(x, block):  # written out: the checker refuses lowp.quantize
+    bm, bk = block
+    if x.shape[0] % bm or x.shape[1] % bk:
+        raise ValueError(f"block={block} does not tile x of shape {tuple(x.shape)}")
+    b = lowp.blocks(x.double(), bm, bk)
+    s = (b.abs().amax(-1) / 448).float().double()
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return lowp.unblocks(lowp.round_to(b / s[..., None], lowp.e4m3), bm, bk), s
 
 
 def test_fp8_blockwise_right():
@@ -142,8 +147,11 @@ def test_fp8_blockwise_pads_silently():
 
 # ------------------------------------------------------------------------------------------------ 5.4
 def mx(x, elem, block=32):
-    qt = lowp.quantize(x, elem, (1, block), "e8m0")
-    return qt.q, qt.scale
+    b = lowp.blocks(x.double(), 1, block)
+    amax = b.abs().amax(-1)
+    e = torch.floor(torch.log2(torch.where(amax > 0, amax, torch.ones_like(amax)))) - elem.emax
+    s = 2.0 ** torch.where(amax > 0, e, torch.full_like(e, -127.0)).clamp(-127, 127)
+    return lowp.unblocks(lowp.round_to(b / s[..., None], elem), 1, block), s
 
 
 def test_mx_right():
@@ -189,8 +197,14 @@ def test_mx_wrong_axis():
 
 # ------------------------------------------------------------------------------------------------ 5.5
 def nvfp4(x):
-    qt = lowp.quantize(x, lowp.e2m1, (1, 16), "e4m3", tensor_scale=True)
-    return qt.q, qt.block_scale, qt.tensor_scale
+    b = lowp.blocks(x.double(), 1, 16)
+    amax = float(b.abs().max())
+    ts = float(np.float32(amax / (6 * 448))) if amax > 0 else 1.0
+    bs = lowp.round_to(b.abs().amax(-1) / 6 / ts, lowp.e4m3)
+    s = bs * ts
+    q = torch.where(s[..., None] > 0, lowp.round_to(b / torch.where(s > 0, s, torch.ones_like(s))[..., None],
+                                                    lowp.e2m1), torch.zeros_like(b))
+    return lowp.unblocks(q, 1, 16), bs, ts
 
 
 def test_nvfp4_right():
@@ -291,7 +305,6 @@ def test_fine_grained_right_and_in_other_dtypes():
     assert check_fine_grained_gemm(fine_grained).passed
     assert check_fine_grained_gemm(lambda *a: fine_grained(*a).double()).passed
     assert check_fine_grained_gemm(lambda *a: fine_grained(*a).bfloat16()).passed
-    assert check_fine_grained_gemm(scaled_gemm.scaled_mm_fine_grained).passed
     assert check_fine_grained_gemm(fine_grained, seed=123).passed
 
 
@@ -371,7 +384,24 @@ def test_learner_exception_reported_as_the_call():  # class 6
 
 def test_round_in_float32_or_float8_accepted():  # class 7
     assert check_round_to_e4m3(lambda x: round_e4m3(x).float()).passed
-    assert check_round_to_e4m3(lambda x: x.float().to(torch.float8_e4m3fn)).passed
+
+
+def test_references_refused_where_the_exercise_is_to_write_them():
+    with pytest.raises(CheckFailed, match="cast to a torch float8 dtype"):
+        check_round_to_e4m3(lambda x: x.float().to(torch.float8_e4m3fn))
+    with pytest.raises(CheckFailed, match=r"come from common.lowp.round_to"):
+        check_round_to_e4m3(lambda x: lowp.round_to(x, lowp.e4m3))
+    with pytest.raises(CheckFailed, match=r"come from common.lowp.quantize"):
+        check_quantize_fp8_blockwise(lambda x, b: (lambda qt: (qt.q, qt.scale))(lowp.quantize(x, lowp.e4m3, b)))
+    with pytest.raises(CheckFailed, match=r"common.lowp.quantize"):
+        check_mx_quantize(lambda x, elem, block=32: (lambda qt: (qt.q, qt.scale))(
+            lowp.quantize(x, elem, (1, block), "e8m0")))
+    with pytest.raises(CheckFailed, match=r"common.lowp.accumulate"):
+        check_promoted_sum(lambda p, bits, every: lowp.accumulate(p, bits, every))
+    with pytest.raises(CheckFailed, match=r"common.lowp.bytes_per_param"):
+        check_bytes_per_param(lowp.bytes_per_param)
+    with pytest.raises(CheckFailed, match=r"common.scaled_gemm.scaled_mm_fine_grained"):
+        check_fine_grained_gemm(scaled_gemm.scaled_mm_fine_grained)
     assert check_quantize_fp8_blockwise(lambda x, b: (fp8_blockwise(x, b)[0].float().to(torch.float8_e4m3fn),
                                                       fp8_blockwise(x, b)[1].float())).passed
 
@@ -463,7 +493,7 @@ def test_promoted_parameters_ignored():  # class 2
 
 
 def test_promoted_float32_total_accepted():  # class 7
-    assert check_promoted_sum(lambda p, bits, every: lowp.accumulate(p, bits, every).astype(np.float32)).passed
+    assert check_promoted_sum(lambda p, bits, every: promoted(p, bits, every).astype(np.float32)).passed
 
 
 def test_bytes_whole_scale_per_element():  # class 5

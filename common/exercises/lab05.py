@@ -41,15 +41,70 @@ def _seeded(check):
     return run
 
 
-def _call(fn, what, *args):
+class _Float8Watch(torch.overrides.TorchFunctionMode):
+    """Records whether any torch call inside it names a float8 dtype (a cast to FP8 does the rounding for you)."""
+
+    def __init__(self):
+        super().__init__()
+        self.used = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if any(isinstance(a, torch.dtype) and "float8" in str(a) for a in (*args, *kwargs.values())):
+            self.used = True
+        return func(*args, **kwargs)
+
+
+# What each exercise asks the learner to write: calling these references in its place is caught (other helpers of
+# common.lowp that the exercise text offers -- blocks, unblocks, round_to where allowed, round_significand -- are fine).
+_REFERENCES = {
+    "5.2": [(lowp, "round_to"), (lowp, "torch_cast")],
+    "5.3": [(lowp, "quantize"), (lowp, "fake_quantize"), (scaled_gemm, "quantize_fp8")],
+    "5.4": [(lowp, "quantize"), (lowp, "fake_quantize")],
+    "5.5": [(lowp, "quantize"), (lowp, "fake_quantize")],
+    "5.6": [(lowp, "accumulate")],
+    "5.7": [(lowp, "bytes_per_param")],
+    "5.8": [(scaled_gemm, "scaled_mm_fine_grained")],
+}
+
+
+def _call(fn, what, *args, exercise=None, used=None):
     """Call the learner's function; an exception (other than NotImplementedError) becomes a verdict naming the
-    call that raised it."""
+    call that raised it. With `exercise`, calls of the references listed for it (and, for 5.2, float8 casts) are
+    added to the set `used` (the check refuses them once the numbers are right)."""
+    saved = []
+    if exercise is not None:
+        for mod, name in _REFERENCES.get(exercise, []):
+            orig = getattr(mod, name)
+            if fn is orig:
+                used.add(f"{mod.__name__}.{name}")
+
+            def spy(*a, _orig=orig, _name=f"{mod.__name__}.{name}", **k):
+                used.add(_name)
+                return _orig(*a, **k)
+            saved.append((mod, name, orig))
+            setattr(mod, name, spy)
+    watch = _Float8Watch() if exercise == "5.2" else None
     try:
+        if watch is not None:
+            with watch:
+                return fn(*args)
         return fn(*args)
     except NotImplementedError:
         raise
     except Exception as exc:
         fail(f"calling {what} raised {type(exc).__name__}: {exc}")
+    finally:
+        for mod, name, orig in saved:
+            setattr(mod, name, orig)
+        if watch is not None and watch.used:
+            used.add("a cast to a torch float8 dtype")
+
+
+def _refuse_references(used, task):
+    if used:
+        fail(f"the numbers are right, but they come from {', '.join(sorted(used))}: this exercise is to {task} "
+             f"yourself (the exercise text lists the helpers you may use)")
 
 
 def _as_tensor(v, what):
@@ -125,8 +180,9 @@ def check_round_to_e4m3(round_to_e4m3, seed):
     x = torch.cat([ties, grid, -grid, torch.tensor([464.0, 470.0, 500.0, 1e4, -1e6, 0.0]),
                    (torch.randn(2000, generator=gen, dtype=torch.float64)
                     * torch.exp(3 * torch.randn(2000, generator=gen, dtype=torch.float64)))]).to(torch.float32)
-    got = _as_tensor(_call(round_to_e4m3, f"round_to_e4m3(x of shape {tuple(x.shape)})", x.clone()),
-                     "round_to_e4m3(x)")
+    used = set()
+    got = _as_tensor(_call(round_to_e4m3, f"round_to_e4m3(x of shape {tuple(x.shape)})", x.clone(),
+                           exercise="5.2", used=used), "round_to_e4m3(x)")
     expect_equal(tuple(got.shape), tuple(x.shape), "output shape")
     ref = lowp.round_to(x, lowp.e4m3, saturate=True)
     big = x.abs() > 448
@@ -148,8 +204,7 @@ def check_round_to_e4m3(round_to_e4m3, seed):
                  f"(the neighbour whose last mantissa bit is 0). Hint: torch.round rounds half to even; "
                  f"floor(v + 0.5) does not ({n} values wrong)")
         fail(f"x = {xv:g}: expected {r:g}, got {g:g} ({n} of {x.numel()} values wrong)")
-    cast = lowp.torch_cast(x, lowp.e4m3)
-    expect(bool((cast == got).all()), "your rounding disagrees with torch's float8_e4m3fn cast")
+    _refuse_references(used, "round with torch arithmetic")
     return f"{x.numel()} values right: ties to even, subnormals, saturation at 448 (matches torch's cast)"
 
 
@@ -254,13 +309,14 @@ def check_quantize_fp8_blockwise(quantize_fp8_blockwise, seed):
     cases = [((1, 128), 128, 384, True), ((128, 128), 256, 128, True), ((2, 64), 64, 256, True),
              ((1, 128), 128, 128 * rng.randint(2, 3), False),
              ((128, 128), 128 * rng.randint(1, 2), 128 * rng.randint(1, 2), False)]
+    used = set()
     for block, M, K, with_zero in cases:
         x = _rand_tensor(M, K, gen)
         if with_zero:
             x = _with_zero_block(x, *block)
         ref = lowp.quantize(x, lowp.e4m3, block, "fp32")
         out = _call(quantize_fp8_blockwise, f"quantize_fp8_blockwise(x of shape {(M, K)}, block={block})",
-                    x.clone(), block)
+                    x.clone(), block, exercise="5.3", used=used)
         if isinstance(out, (tuple, list)) and len(out) == 2:
             s = _as_tensor(out[1], "scale")
             if s.shape == ref.scale.shape and torch.allclose(s, 1 / ref.scale, rtol=1e-5):
@@ -274,6 +330,7 @@ def check_quantize_fp8_blockwise(quantize_fp8_blockwise, seed):
                     _rand_tensor(4, 200, gen), (1, 128))
     _expect_refusal(quantize_fp8_blockwise, "quantize_fp8_blockwise(x of shape (100, 256), block=(128, 128))",
                     _rand_tensor(100, 256, gen), (128, 128))
+    _refuse_references(used, "compute the block scales and the rounding")
     return ("1x128 tiles, 128x128 blocks and a 2x64 block right, all-zero blocks without NaN; a block that does not "
             "tile x (K or rows) is refused")
 
@@ -284,7 +341,7 @@ def check_quantize_fp8_blockwise(quantize_fp8_blockwise, seed):
 def check_mx_quantize(mx_quantize, seed):
     """mx_quantize(x, elem, block=32) -> (q, scale): scale = 2^(floor(log2 amax) - elem.emax) per 1 x block tile,
     q = x / scale rounded to elem (nearest-even) and saturated."""
-    gen, rng = _gen(seed), random.Random(seed)
+    gen, rng, used = _gen(seed), random.Random(seed), set()
     cases = [(lowp.e2m1, 32, 64, 96, True), (lowp.e4m3, 32, 2, 64, True), (lowp.e5m2, 32, 2, 64, False),
              (lowp.e2m1, 16, 2, 48, True), (lowp.e4m3, 64, 2, 128, False),
              (rng.choice([lowp.e2m1, lowp.e4m3]), 32, 32 * rng.randint(1, 3), 32 * rng.randint(2, 6), False)]
@@ -294,7 +351,7 @@ def check_mx_quantize(mx_quantize, seed):
             x = _with_zero_block(x, 1, block)
         ref = lowp.quantize(x, elem, (1, block), "e8m0")
         what = f"mx_quantize(x of shape {(M, K)}, {elem.name}, block={block})"
-        out = _call(mx_quantize, what, x.clone(), elem, block)
+        out = _call(mx_quantize, what, x.clone(), elem, block, exercise="5.4", used=used)
         q, s = _check_blockwise(what, out, x, 1, block, elem, ref.scale, "e8m0")
         not_pow2 = ~lowp.is_power_of_two(s)
         if bool(not_pow2.any()):
@@ -314,6 +371,7 @@ def check_mx_quantize(mx_quantize, seed):
             fail(f"{what}: scale{idx}: expected 2^(floor(log2 amax) - {elem.emax}) = {float(ref.scale[idx]):g}, got "
                  f"{float(s[idx]):g}")
         _check_elements(q, x, _expand(s, 1, block), elem)
+    _refuse_references(used, "compute the E8M0 scales")
     return ("MXFP4, MXFP8 (E4M3 and E5M2) right for blocks of 16, 32 and 64: power-of-two scales along K, "
             "saturation above the element max, all-zero blocks without NaN")
 
@@ -324,7 +382,7 @@ def check_mx_quantize(mx_quantize, seed):
 def check_nvfp4_quantize(nvfp4_quantize, seed):
     """nvfp4_quantize(x) -> (q, block_scale, tensor_scale): tensor_scale = amax / (6 * 448) in FP32; block_scale
     = E4M3 rounding of block_amax / 6 / tensor_scale per 1x16 tile; q = x / (block_scale * tensor_scale) in E2M1."""
-    gen, rng = _gen(seed), random.Random(seed)
+    gen, rng, used = _gen(seed), random.Random(seed), set()
     for magnitude, M, K, with_zero in [(1.0, 3, 64, True), (1e4, 2, 96, False), (1e-3, 4, 32, True),
                                        (1.0, rng.randint(2, 6), 32 * rng.randint(1, 4), False)]:
         x = _rand_tensor(M, K, gen) * magnitude
@@ -332,7 +390,7 @@ def check_nvfp4_quantize(nvfp4_quantize, seed):
             x = _with_zero_block(x, 1, 16)
         ref = lowp.quantize(x, lowp.e2m1, (1, 16), "e4m3", tensor_scale=True)
         what = f"nvfp4_quantize(x of shape {(M, K)}, amax {float(x.abs().max()):.4g})"
-        q, bs, ts = _unpack(_call(nvfp4_quantize, what, x.clone()), 3, "nvfp4_quantize")
+        q, bs, ts = _unpack(_call(nvfp4_quantize, what, x.clone(), exercise="5.5", used=used), 3, "nvfp4_quantize")
         bs = _as_tensor(bs, "block_scale")
         try:
             ts = float(ts)
@@ -356,6 +414,7 @@ def check_nvfp4_quantize(nvfp4_quantize, seed):
                      atol=0)
         s_full = _expand(bs * ts, 1, 16)
         _check_elements(q, x, torch.where(s_full > 0, s_full, torch.ones_like(s_full)), lowp.e2m1)
+    _refuse_references(used, "compute the two levels of scales")
     return ("tensor scale, E4M3 block scales per 16 elements and E2M1 elements right for amax from 1e-3 to 1e4; "
             "all-zero blocks give q = 0, not NaN")
 
@@ -366,12 +425,12 @@ def check_nvfp4_quantize(nvfp4_quantize, seed):
 def check_promoted_sum(promoted_sum, seed):
     """promoted_sum(products, acc_bits, promote_every) -> sums (batch,), the limited accumulator added into an FP32
     total every `promote_every` products and restarted; rounding via lowp.round_significand (truncate)."""
-    rng = np.random.default_rng(seed)
+    rng, used = np.random.default_rng(seed), set()
     for acc_bits, every, K in [(14, 128, 1000), (10, 32, 300), (12, 64, int(rng.integers(200, 700)))]:
         p = rng.standard_normal((8, K)) * np.exp(rng.standard_normal((8, 1)))
         ref = lowp.accumulate(p, acc_bits, every)
         what = f"promoted_sum(products of shape {p.shape}, acc_bits={acc_bits}, promote_every={every})"
-        got = _call(promoted_sum, what, p.copy(), acc_bits, every)
+        got = _call(promoted_sum, what, p.copy(), acc_bits, every, exercise="5.6", used=used)
         expect(got is not None, f"{what} returned None -- return the sums")
         try:
             got = np.asarray(got, dtype=np.float64)
@@ -396,6 +455,7 @@ def check_promoted_sum(promoted_sum, seed):
                  f"reference model's is {np.abs(ref - exact).max():.3g}): did you forget to restart the limited "
                  f"accumulator at 0 after adding it to the FP32 total?")
         expect_close(got, ref, f"{what}: sums", rtol=1e-6, atol=1e-6 * float(np.abs(p).sum(axis=1).max()))
+    _refuse_references(used, "write the accumulation loop")
     return "limited accumulator promoted into FP32 every N products (N and the bits varied), a ragged last group"
 
 
@@ -404,11 +464,11 @@ def check_promoted_sum(promoted_sum, seed):
 @_seeded
 def check_bytes_per_param(bytes_per_param, seed):
     """bytes_per_param(elem_bits, scale_bits, block_elems) -> bytes per element, scales included."""
-    rng = random.Random(seed)
+    rng, used = random.Random(seed), set()
     cases = [(8, 8, 32), (4, 8, 32), (4, 8, 16), (8, 32, 128), (8, 32, 16384), (6, 16, 64)] + [
         (rng.choice([4, 6, 8, 16]), rng.choice([8, 16, 32]), rng.choice([16, 32, 64, 128])) for _ in range(4)]
     for e, s, b in cases:
-        got = _call(bytes_per_param, f"bytes_per_param({e}, {s}, {b})", e, s, b)
+        got = _call(bytes_per_param, f"bytes_per_param({e}, {s}, {b})", e, s, b, exercise="5.7", used=used)
         expected = lowp.bytes_per_param(e, s, b)
         if near(got, e / 8, 1e-9):
             fail(f"bytes_per_param({e}, {s}, {b}) = {got:g} leaves out the scale: one {s}-bit scale per {b} "
@@ -419,6 +479,7 @@ def check_bytes_per_param(bytes_per_param, seed):
             fail(f"bytes_per_param({e}, {s}, {b}) = {got:g} charges the whole scale to every element; it is shared "
                  f"by {b} elements: {e}/8 + {s}/8/{b}")
         expect_close(got, expected, f"bytes_per_param({e}, {s}, {b})", rtol=1e-9)
+    _refuse_references(used, "write the formula")
     return "right for MXFP8 (1.03125), MXFP4 (0.53125), NVFP4 (0.5625) and DeepSeek's FP8 tiles"
 
 # ---------------------------------------------------------------------------------------------- 5.8
@@ -467,13 +528,13 @@ def check_fine_grained_gemm(fine_grained_gemm, seed):
     """fine_grained_gemm(xq, xs, wq, ws) -> y (M, N) = x @ w.T: xq (M, K) and wq (N, K) float8_e4m3fn, xs (M, K/128)
     activation-tile scales, ws (N/128, K/128) weight-block scales; per K-block the FP8 product times xs[:, k] and
     ws[n // 128, k], summed in FP32."""
-    gen, rng = _gen(seed), random.Random(seed)
+    gen, rng, used = _gen(seed), random.Random(seed), set()
     cases = [(3, 256, 256), (5, 256, 384), (rng.randint(1, 40), 128 * rng.randint(1, 3), 128 * rng.randint(1, 4))]
     for M, N, K in cases:
         xq, xs, wq, ws = _fine_grained_case(M, N, K, gen)
         args = (xq.clone(), xs.clone(), wq.clone(), ws.clone())
         what = f"fine_grained_gemm(xq {tuple(xq.shape)}, xs {tuple(xs.shape)}, wq {tuple(wq.shape)}, ws {tuple(ws.shape)})"
-        got = _call(fine_grained_gemm, what, *args)
+        got = _call(fine_grained_gemm, what, *args, exercise="5.8", used=used)
         for name, a, b in zip(("xq", "xs", "wq", "ws"), args, (xq, xs, wq, ws)):
             expect(torch.equal(a.view(torch.uint8) if a.dtype == scaled_gemm.FP8 else a,
                                b.view(torch.uint8) if b.dtype == scaled_gemm.FP8 else b),
@@ -498,5 +559,7 @@ def check_fine_grained_gemm(fine_grained_gemm, seed):
                          f"Per K-block k: y += (xq[:, k-block] @ wq[:, k-block].T) * xs[:, k] * ws[n // 128, k]")
         expect_close(g, ref, f"{what}: y ({got.dtype} accepted within {tol:g} of max|y|)", rtol=tol,
                      atol=tol * scale)
+    _refuse_references(used, "write the per-K-block loop with torch._scaled_mm (the reference in common/scaled_gemm.py "
+                             "is what it is checked against)")
     return ("per-K-block FP8 products scaled by their 1x128 and 128x128 scales and summed in FP32, for 3 shapes "
             "(K/128 = N/128 and not)")
