@@ -8,7 +8,8 @@ a (M, K) row-major float8, b (K, N) column-major float8 (pass `w.t()`), FP32 sca
 (decoding scales). On the CPU it accepts per-tensor scales (two scalars) and per-row scales ((M, 1) and (1, N)),
 and `use_fast_accum` changes nothing (the CPU kernel sums in FP32). On CUDA (sm_89/sm_90) it also accepts the
 DeepSeek block layout, scale_a (M, K/128) with scale_b (K/128, N/128), through cuBLAS >= 12.9 (pytorch PR #158037);
-`use_fast_accum=True` lets Hopper's tensor cores keep their limited-precision accumulator over all of K.
+`use_fast_accum=True` sets cuBLAS's CUBLASLT_MATMUL_DESC_FAST_ACCUM: "intermediate results will not
+periodically be promoted to a higher precision" (cuBLAS documentation; the precision kept is not documented).
 
 `scaled_mm_fine_grained` follows DeepGEMM's design (DeepSeek-V3 report Sec. 3.3.2, N_C = 128): one FP8 MMA per
 128-wide K-block with unit scales, its partial sum multiplied by that block's activation-tile scale (per row) and
@@ -163,7 +164,7 @@ def error_vs_k(ks, M: int = 16, N: int = 256, seed: int = 0, model_outputs: int 
         r["total_fine_grained"] = lowp.rel_error(ref, y)
         r["accum_fine_grained"] = lowp.rel_error(dequantize_fp8(fq, fs, ACTIVATION_TILE)
                                                  @ dequantize_fp8(gq, gs, WEIGHT_BLOCK).T, y)
-        idx = np.arange(model_outputs)
+        idx = torch.arange(model_outputs, device=xd.device)
         i, j = idx % M, (idx // M) % N
         products = (xd[i] * wd[j]).cpu().numpy()
         exact_sums = products.sum(axis=1)
