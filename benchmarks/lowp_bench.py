@@ -1,7 +1,7 @@
 """FP8 against BF16 GEMMs (lab 05): TFLOP/s of y = x @ w.T side by side, and the FP8/BF16 ratio.
 
     .venv/bin/python benchmarks/lowp_bench.py                 # GPU: transformer-sized GEMMs
-    .venv/bin/python benchmarks/lowp_bench.py --out build/gpu # also writes lowp_bench.csv and lowp_bench.txt there
+    .venv/bin/python benchmarks/lowp_bench.py --out build/gpu # also writes lowp_bench.csv and lowp_bench_table.txt there
 
 Columns: BF16 (`torch.mm`), FP8 E4M3 with per-tensor scales through `torch._scaled_mm` without and with
 `use_fast_accum`, and FP8 with DeepSeek-V3's block scales (1x128 activations, 128x128 weights) in one `_scaled_mm`
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", nargs="+", default=GPU_SHAPES if gpu else CPU_SHAPES, help="MxNxK")
     p.add_argument("--min-run-time", type=float, default=0.3 if gpu else 0.05)
-    p.add_argument("--out", type=Path, default=None, help="folder for lowp_bench.csv and lowp_bench.txt")
+    p.add_argument("--out", type=Path, default=None, help="folder for lowp_bench.csv and lowp_bench_table.txt")
     args = p.parse_args(argv)
 
     from common import setup
@@ -65,8 +65,8 @@ def main(argv=None) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         df.to_csv(args.out / "lowp_bench.csv", index=False)
-        (args.out / "lowp_bench.txt").write_text(f"{env.summary()}\n\n{table.to_string(index=False)}\n")
-        print(f"wrote {args.out / 'lowp_bench.csv'} and {args.out / 'lowp_bench.txt'}")
+        (args.out / "lowp_bench_table.txt").write_text(f"{env.summary()}\n\n{table.to_string(index=False)}\n")
+        print(f"wrote {args.out / 'lowp_bench.csv'} and {args.out / 'lowp_bench_table.txt'}")
     return 0
 
 

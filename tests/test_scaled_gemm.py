@@ -73,3 +73,26 @@ def test_time_gemms_on_cpu_reports_ratios():
     assert r["bf16_tflops"] > 0 and r["fp8_tensor_tflops"] > 0 and "fp8_blockwise_tflops" not in r
     assert r["fp8_tensor_vs_bf16"] == pytest.approx(r["fp8_tensor_tflops"] / r["bf16_tflops"])
     assert sg.gemm_flops(2, 3, 4) == 48
+
+
+def test_lowp_bench_writes_its_table(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "lowp_bench.py"
+    spec = importlib.util.spec_from_file_location("lowp_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    from common import env
+    saved = env._current  # the benchmark calls setup(); leave the process's environment as it was
+    try:
+        assert bench.main(["--shapes", "32x128x128", "--min-run-time", "0.01", "--out", str(tmp_path)]) == 0
+    finally:
+        env._current = saved
+    out = capsys.readouterr().out
+    if not torch.cuda.is_available():
+        assert "not FP8 performance" in out
+    csv = (tmp_path / "lowp_bench.csv").read_text()
+    assert "bf16_tflops" in csv and "fp8_tensor_fast_vs_bf16" in csv
+    assert (tmp_path / "lowp_bench_table.txt").exists()
+    with pytest.raises(SystemExit, match="MxNxK"):
+        bench.main(["--shapes", "32x128"])
