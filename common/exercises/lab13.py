@@ -5,24 +5,9 @@ Each checker starts with fixed, asymmetric cases (no two mistakes give the same 
 fresh seed that a failure prints."""
 from __future__ import annotations
 
-import numbers
-import random
-
 from common import v3model
 from common.checks import checker, expect, expect_close, fail, near
-
-
-def _number(got, where: str) -> float:
-    if got is None:
-        fail(f"{where} returned None -- return a number")
-    if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        fail(f"{where} returned {type(got).__name__} {got!r}; expected one number (a float)")
-    return float(got)
-
-
-def _seeded():
-    seed = random.SystemRandom().randrange(10 ** 6)
-    return seed, random.Random(seed)
+from common.exercises.lab09 import number as _number, seeded as _seeded
 
 
 # ---------------------------------------------------------------- 13.1
