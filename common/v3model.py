@@ -1,6 +1,7 @@
 """A step-time model of DeepSeek-V3's pre-training run, composed from the labs' helpers: GEMM FLOPs of the real config
 (common.roofline.gemm_cost over common.models' shapes), a FLOP rate at a stated GEMM efficiency of the datasheet peaks
-(common.hardware), the EP all-to-all with node-limited routing and per-node de-duplication (common.topology, common.moe),
+(common.hardware), the EP all-to-all with node-limited routing and per-node de-duplication (common.topology,
+common.moe),
 the DualPipe / 1F1B schedule (common.pipeline's simulator), the ZeRO-1 gradient reduce-scatter / all-gather
 (common.collectives) and memory per GPU (common.topology.memory_per_gpu_gb). The run's facts come from
 data/deepseek_v3_run.json (each with its source).
@@ -269,7 +270,7 @@ def sketch(cfg=None) -> topology.ModelSketch:
                    expert_params=base.expert_params + mtp_experts)
 
 
-def _param_layout(x: Inputs) -> topology.Layout:
+def param_layout(x: Inputs) -> topology.Layout:
     """DualPipe keeps two stages per rank (two copies of the model across the pipeline): parameters as for PP/2
     with twice the replicas. 1F1B: one stage per rank."""
     if x.schedule == "dualpipe":
@@ -280,7 +281,7 @@ def _param_layout(x: Inputs) -> topology.Layout:
 def dp_sync_seconds(x: Inputs) -> float:
     """ZeRO-1: reduce-scatter of the FP32 gradients, all-gather of the updated BF16 weights, over each parameter's
     replicas (dense: all DP ranks, across nodes; routed experts: dp / ep ranks), at the IB bandwidth."""
-    m, lay = sketch(), _param_layout(x)
+    m, lay = sketch(), param_layout(x)
     dense = m.dense_params / (lay.tp * lay.pp)
     experts = m.expert_params / (lay.tp * lay.pp * lay.ep)
     bw = x.ib_gbs * 1e9
@@ -307,7 +308,7 @@ def activation_bytes_per_token_layer(cfg=None) -> float:
 def memory_gb(x: Inputs) -> dict:
     """GB per GPU: BF16 weights, FP32 gradients, FP32 master + BF16 moments sharded by ZeRO-1 (EMA on the CPU, so
     none here), and activations of the chunks in flight (DualPipe: PP + 1; 1F1B: PP), common.pipeline's count."""
-    mem = topology.memory_per_gpu_gb(sketch(), _param_layout(x), weight_bytes=2, grad_bytes=fact("grad_bytes"),
+    mem = topology.memory_per_gpu_gb(sketch(), param_layout(x), weight_bytes=2, grad_bytes=fact("grad_bytes"),
                                      optimizer_bytes=fact("master_weight_bytes") + 2 * fact("adam_moment_bytes"))
     cfg = config()
     in_flight = pipeline.memory_formula(x.schedule, x.pp)["activations"]
