@@ -124,3 +124,16 @@ def test_same_wrong_answer_fails_every_call():
     for _ in range(5):
         with pytest.raises(CheckFailed):
             check_all_to_all_seconds(wrong)
+
+
+@pytest.mark.parametrize("check, wrong", [
+    (check_aggregate_nvlink, lambda g, b: topology.aggregate_nvlink_tbs(g, b)),
+    (check_rack_pflops, lambda g, t, s: topology.rack_pflops(g, t if s else t / 2)),
+    (check_all_to_all_seconds, lambda b, g, d, nv, net: topology.all_to_all_seconds(b, g, topology.Fabric("f", d, nv,
+                                                                                                          net))),
+])
+def test_calling_the_reference_is_caught(check, wrong):
+    with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
+        check(wrong)
+    assert not hasattr(topology.all_to_all_seconds, "__wrapped_by_spy__")
+    assert topology.all_to_all_seconds.__name__ == "all_to_all_seconds"

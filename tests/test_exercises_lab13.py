@@ -96,3 +96,12 @@ def test_gpu_hours_right_and_stub():
 def test_gpu_hours_wrong(wrong, match):
     with pytest.raises(CheckFailed, match=match):
         check_gpu_hours(wrong)
+
+
+def test_calling_the_reference_is_caught():
+    from common import v3model
+    with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
+        check_gpu_hours(lambda s, g, t: v3model.gpu_hours_per_t_tokens(s, g, t))
+    with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
+        check_exposed_all_to_all(lambda F, B, cf, cb, ov: v3model.exposed(cf + cb, F + B) if ov else cf + cb)
+    assert v3model.gpu_hours_per_t_tokens.__name__ == "gpu_hours_per_t_tokens"

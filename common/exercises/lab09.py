@@ -24,6 +24,32 @@ def seeded():
     return seed, random.Random(seed)
 
 
+class calls_to:
+    """Context manager: record calls the learner's code makes to `module.name` (the reference an exercise asks
+    them to write); `.made` is True when it was called. The reference still answers, so nothing crashes."""
+
+    def __init__(self, module, name: str):
+        self.module, self.name, self.made = module, name, False
+
+    def __enter__(self):
+        self.original = getattr(self.module, self.name)
+
+        def spy(*args, **kwargs):
+            self.made = True
+            return self.original(*args, **kwargs)
+        setattr(self.module, self.name, spy)
+        return self
+
+    def __exit__(self, *exc):
+        setattr(self.module, self.name, self.original)
+        return False
+
+    def verdict(self, exercise_fn: str) -> None:
+        if self.made:
+            fail(f"{exercise_fn} called {self.module.__name__}.{self.name}, the reference this exercise asks you to "
+                 f"write; compute it yourself")
+
+
 def _tag(is_random: bool, seed: int) -> str:
     return f" [random case, seed {seed}]" if is_random else ""
 
@@ -36,8 +62,10 @@ def check_aggregate_nvlink(aggregate_nvlink_tbs):
         (rng.randint(2, 600), rng.choice([400, 600, 900, 1800, rng.uniform(100, 3600)]), True) for _ in range(5)]
     for gpus, per_gpu, is_random in cases:
         expected = gpus * per_gpu / 1e3
-        got = number(aggregate_nvlink_tbs(gpus, per_gpu),
-                     f"aggregate_nvlink_tbs({gpus}, {per_gpu:.6g}){_tag(is_random, seed)}")
+        with calls_to(topology, "aggregate_nvlink_tbs") as spy:
+            got = number(aggregate_nvlink_tbs(gpus, per_gpu),
+                         f"aggregate_nvlink_tbs({gpus}, {per_gpu:.6g}){_tag(is_random, seed)}")
+        spy.verdict("aggregate_nvlink_tbs")
         if near(got, expected * 1e3):
             expect(False, f"aggregate_nvlink_tbs({gpus}, {per_gpu}) = {got:.6g}: that is GB/s; the answer is in "
                           f"TB/s (1 TB/s = 1000 GB/s), so expected {expected:.6g}")
@@ -60,7 +88,9 @@ def check_rack_pflops(rack_pflops):
     for gpus, sparse_tflops, sparse, is_random in cases:
         expected = gpus * sparse_tflops / 1e3 / (1 if sparse else 2)
         where = f"rack_pflops({gpus}, {sparse_tflops:.6g}, sparse={sparse}){_tag(is_random, seed)}"
-        got = number(rack_pflops(gpus, sparse_tflops, sparse), where)
+        with calls_to(topology, "rack_pflops") as spy:
+            got = number(rack_pflops(gpus, sparse_tflops, sparse), where)
+        spy.verdict("rack_pflops")
         if not sparse and near(got, expected * 2):
             expect(False, f"rack_pflops({gpus}, {sparse_tflops:.6g}, sparse=False) = {got:.6g}: that is the "
                           f"sparse figure; the datasheet rate assumes 2:4 sparsity, dense is half of it "
@@ -97,7 +127,9 @@ def check_memory_per_gpu(memory_per_gpu_gb):
         expected = _reference_memory(dense, experts, tp, pp, dp, ep)
         where = (f"memory_per_gpu_gb({dense:.3g}, {experts:.3g}, tp={tp}, pp={pp}, dp={dp}, ep={ep})"
                  f"{_tag(is_random, seed)}")
-        got = number(memory_per_gpu_gb(dense, experts, tp, pp, dp, ep), where)
+        with calls_to(topology, "memory_per_gpu_gb") as spy:
+            got = number(memory_per_gpu_gb(dense, experts, tp, pp, dp, ep), where)
+        spy.verdict("memory_per_gpu_gb")
         if near(got, expected * 1e9 / 2**30):
             expect(False, f"{where} = {got:.6g}: that is GiB (2^30 bytes); the lab counts GB = 1e9 bytes, like "
                           f"the HBM sizes on datasheets (expected {expected:.6g})")
@@ -136,7 +168,9 @@ def check_all_to_all_seconds(all_to_all_seconds):
         expected = topology.all_to_all_seconds(b, group, fab)
         where = (f"all_to_all_seconds({b:.3g}, group={group}, domain={domain}, nvlink={nv:.4g}, network={net:.4g})"
                  f"{_tag(is_random, seed)}")
-        got = number(all_to_all_seconds(b, group, domain, nv, net), where)
+        with calls_to(topology, "all_to_all_seconds") as spy:
+            got = number(all_to_all_seconds(b, group, domain, nv, net), where)
+        spy.verdict("all_to_all_seconds")
         inside = min(group, domain)
         if group > domain and near(got, max(b * (inside - 1) / group / (net * 1e9),
                                             b * (group - inside) / group / (nv * 1e9))) and not near(got, expected):

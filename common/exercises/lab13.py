@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from common import v3model
 from common.checks import checker, expect, expect_close, fail, near
-from common.exercises.lab09 import number as _number, seeded as _seeded
+from common.exercises.lab09 import calls_to, number as _number, seeded as _seeded
 
 
 # ---------------------------------------------------------------- 13.1
@@ -53,7 +53,9 @@ def check_moe_layer_flops(moe_layer_flops):
         where = (f"moe_layer_flops(cfg with hidden={h}, moe_intermediate={inter}, top_k={k}, shared={s}, "
                  f"experts={cfg['n_routed_experts']}, tokens={tokens})" + (f" [random case, seed {seed}]"
                                                                           if is_random else ""))
-        got = _number(moe_layer_flops(cfg, tokens), where)
+        with calls_to(v3model, "forward_flops_per_token") as spy:
+            got = _number(moe_layer_flops(cfg, tokens), where)
+        spy.verdict("moe_layer_flops")
         one_expert = p["routed"] / k
         mistakes = [
             (expected / 2, "counts one FLOP per multiply-add; a GEMM does 2 (multiply and add) per weight and token"),
@@ -91,7 +93,9 @@ def check_exposed_all_to_all(exposed_all_to_all):
         expected = v3model.exposed(cf + cb, F + B) if ov else cf + cb
         where = (f"exposed_all_to_all(F={F:.6g}, B={B:.6g}, comm_F={cf:.6g}, comm_B={cb:.6g}, overlapped={ov})" +
                  (f" [random case, seed {seed}]" if is_random else ""))
-        got = _number(exposed_all_to_all(F, B, cf, cb, ov), where)
+        with calls_to(v3model, "exposed") as spy:
+            got = _number(exposed_all_to_all(F, B, cf, cb, ov), where)
+        spy.verdict("exposed_all_to_all")
         if ov:
             if got < 0:
                 fail(f"{where} = {got:.6g}: negative -- when compute outlasts the all-to-all nothing is exposed "
@@ -130,7 +134,9 @@ def check_gpu_hours(gpu_hours_per_t_tokens):
         expected = v3model.gpu_hours_per_t_tokens(step, gpus, tokens)
         where = (f"gpu_hours_per_t_tokens({step:.6g}, {gpus}, {tokens:.6g})" +
                  (f" [random case, seed {seed}]" if is_random else ""))
-        got = _number(gpu_hours_per_t_tokens(step, gpus, tokens), where)
+        with calls_to(v3model, "gpu_hours_per_t_tokens") as spy:
+            got = _number(gpu_hours_per_t_tokens(step, gpus, tokens), where)
+        spy.verdict("gpu_hours_per_t_tokens")
         for value, why in [(expected * 3600, "that is GPU-seconds; divide by 3600 for GPU-hours"),
                            (expected / gpus, "that is wall-clock hours; multiply by the number of GPUs"),
                            (expected / 1e12, "that is per token; the question asks per trillion tokens"),
