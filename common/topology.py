@@ -197,20 +197,60 @@ def all_to_all_seconds(bytes_per_gpu, group: int, fab: Fabric, stride: int = 1) 
     return max(over_nvlink / (fab.nvlink_gbs * 1e9), over_network / (fab.network_gbs * 1e9))
 
 
-def ep_network_copies(top_k: int, group: int, fab: Fabric, stride: int = 1, max_nodes_per_token=None) -> float:
-    """Expected copies of a token's hidden vector that cross the network in an EP dispatch.
+def ep_network_copies(top_k: int, group: int, fab: Fabric, stride: int = 1, max_nodes_per_token=None,
+                      dedup: bool = True, num_experts=None) -> float:
+    """Expected copies of a token's hidden vector that cross the network in an EP dispatch (experts spread evenly,
+    routing uniform).
 
-    Without a limit, each of the top_k experts sits outside the domain with probability (g - inside) / g. With
-    DeepSeek's node-limited routing (each token goes to at most M domains) and one copy per destination domain
-    (forwarded to the experts there over NVLink), at most M x (domains - 1) / domains copies cross the network.
+    - `dedup=False` (one copy per remote expert): top_k x (g - inside) / g, whatever the node limit -- limiting a
+      token to M nodes does not reduce the number of its experts outside the sender's node;
+    - `dedup=True` (one copy per remote domain, forwarded to the experts there over NVLink, DeepSeek's way): the
+      expected number of distinct remote domains. With node-limited routing (at most M domains, each as likely)
+      that is M x (domains - 1) / domains; without it (or with a limit above it), the distinct domains that k
+      experts drawn from `num_experts` reach (common.moe.expected_distinct_nodes) x (domains - 1) / domains.
     """
     g = _check_group(group)
     inside = _members_in_domain(g, stride, fab.domain_gpus)
-    copies = top_k * (g - inside) / g
+    per_expert = top_k * (g - inside) / g
+    if not dedup or inside == g:
+        return per_expert
+    domains = g / inside
+    copies = per_expert
     if max_nodes_per_token:
-        domains = g / inside
         copies = min(copies, max_nodes_per_token * (domains - 1) / domains)
+    elif not num_experts:
+        raise ValueError("num_experts=None: without a node limit, de-duplicated copies depend on how many experts "
+                         "the top_k are drawn from; pass num_experts (e.g. 256 for DeepSeek-V3)")
+    if num_experts:  # a limit above the nodes a token reaches anyway does not bind
+        from common import moe
+        copies = min(copies, moe.expected_distinct_nodes(int(num_experts), top_k, int(domains)) * (domains - 1) /
+                     domains)
     return copies
+
+
+def ep_nvlink_copies(top_k: int, group: int, fab: Fabric, stride: int = 1, dedup: bool = True) -> float:
+    """Expected copies of a token's hidden vector that move over NVLink in an EP dispatch: one per expert on another
+    GPU of the sender's domain, plus (with `dedup`) the forwarding inside each remote domain, from the GPU the copy
+    lands on to the GPUs of the experts there (all but the 1 / inside that sit on the landing GPU itself)."""
+    g = _check_group(group)
+    inside = _members_in_domain(g, stride, fab.domain_gpus)
+    local = top_k * (inside - 1) / g
+    if not dedup:
+        return local
+    return local + top_k * (g - inside) / g * (inside - 1) / inside
+
+
+def ep_all_to_all_seconds(tokens, bytes_per_copy, top_k: int, group: int, fab: Fabric, stride: int = 1,
+                          max_nodes_per_token=None, dedup: bool = True, num_experts=None) -> dict:
+    """One EP all-to-all of `tokens` tokens per GPU, `bytes_per_copy` per token and destination: seconds over the
+    network and over NVLink (both links work at once, the slower sets the time), and the copies per token."""
+    tok = scaling._positive("tokens", tokens)
+    b = scaling._positive("bytes_per_copy", bytes_per_copy)
+    net = ep_network_copies(top_k, group, fab, stride, max_nodes_per_token, dedup, num_experts)
+    nv = ep_nvlink_copies(top_k, group, fab, stride, dedup)
+    t_net, t_nv = tok * b * net / (fab.network_gbs * 1e9), tok * b * nv / (fab.nvlink_gbs * 1e9)
+    return {"network_copies": net, "nvlink_copies": nv, "network_s": t_net, "nvlink_s": t_nv,
+            "seconds": max(t_net, t_nv)}
 
 
 def all_reduce_seconds(nbytes, group: int, fab: Fabric, stride: int = 1) -> float:
@@ -266,6 +306,7 @@ class ModelSketch:
     hidden: int
     top_k: int = 0
     active_params: float = 0.0
+    experts: int = 0         # routed experts per MoE layer
 
     @property
     def total_params(self) -> float:
@@ -284,7 +325,7 @@ def model_sketch(model_name: str) -> ModelSketch:
     experts = float(counts["breakdown"]["routed_experts"]["total"])
     return ModelSketch(cfg.name, float(counts["total"]) - experts, experts, int(cfg["num_hidden_layers"]),
                        int(cfg.moe_layers), int(cfg["hidden_size"]), int(cfg["num_experts_per_tok"]),
-                       float(counts["active_compute"]))
+                       float(counts["active_compute"]), int(cfg["n_routed_experts"]))
 
 
 def memory_per_gpu_gb(model: ModelSketch, layout: Layout, weight_bytes: float = 2, grad_bytes: float = 2,
@@ -308,12 +349,12 @@ def memory_per_gpu_gb(model: ModelSketch, layout: Layout, weight_bytes: float = 
 
 def step_communication(model: ModelSketch, layout: Layout, fab: Fabric, tokens_per_step: float,
                        dispatch_bytes: float = 1, combine_bytes: float = 2, act_bytes: float = 2,
-                       grad_bytes: float = 2, max_nodes_per_token=None) -> dict:
+                       grad_bytes: float = 2, max_nodes_per_token=None, dedup: bool = True) -> dict:
     """Seconds per optimizer step that each GPU spends in each kind of communication (nothing overlapped).
 
     - EP all-to-all: per MoE layer, forward and backward, each token sends top_k copies of its hidden vector out
       (dispatch, `dispatch_bytes` per value) and gets them back (combine); `max_nodes_per_token` applies
-      DeepSeek's node-limited routing (see ep_network_copies).
+      DeepSeek's node-limited routing and `dedup` one copy per remote node (see ep_network_copies).
     - TP all-reduce: per layer 2 in the forward + 2 in the backward, of tokens x hidden activations.
     - PP: each stage boundary sends activations forward and gradients back.
     - DP: one gradient reduction per step (reduce-scatter + all-gather under ZeRO-1, same volume as an all-reduce).
@@ -325,13 +366,9 @@ def step_communication(model: ModelSketch, layout: Layout, fab: Fabric, tokens_p
     if layout.ep > 1 and model.moe_layers:
         # forward + backward, each a dispatch and a combine of the tokens this EP rank holds (TP ranks split them)
         per_token = 2 * model.hidden * (dispatch_bytes + combine_bytes)
-        ranks_tokens = tokens / layout.tp
-        inside = _members_in_domain(layout.ep, layout.tp, fab.domain_gpus)
-        nvlink_bytes = ranks_tokens * per_token * model.top_k * (inside - 1) / layout.ep
-        net_bytes = ranks_tokens * per_token * ep_network_copies(model.top_k, layout.ep, fab, layout.tp,
-                                                                 max_nodes_per_token)
-        out["ep_all_to_all"] = moe_layers * max(nvlink_bytes / (fab.nvlink_gbs * 1e9),
-                                                net_bytes / (fab.network_gbs * 1e9))
+        a2a = ep_all_to_all_seconds(tokens / layout.tp, per_token, model.top_k, layout.ep, fab, layout.tp,
+                                    max_nodes_per_token, dedup, model.experts or None)
+        out["ep_all_to_all"] = moe_layers * a2a["seconds"]
     if layout.tp > 1:
         out["tp_all_reduce"] = layers * 4 * all_reduce_seconds(tokens * model.hidden * act_bytes, layout.tp, fab)
     if layout.pp > 1:

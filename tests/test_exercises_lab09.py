@@ -93,3 +93,47 @@ def test_all_to_all_wrong(wrong, match):
 def test_reference_agrees_with_module():
     fab = topology.Fabric("f", 8, 160, 50)
     assert topology.all_to_all_seconds(1e9, 64, fab) == pytest.approx(right_a2a(1e9, 64, 8, 160, 50))
+
+
+# ---- issue 12 audit: wrong types, seeds, parameters and mistakes the first version did not name
+FIXED_91 = {(72, 1800): 129.6, (8, 900): 7.2, (8, 400): 3.2, (576, 1800): 1036.8}
+
+
+@pytest.mark.parametrize("check, wrong, match", [
+    (check_aggregate_nvlink, lambda g, b: str(g * b / 1000), r"returned str '129.6'; expected one number"),
+    (check_aggregate_nvlink, lambda g, b: (g * b / 1000,), r"returned tuple"),
+    (check_aggregate_nvlink, lambda g, b: FIXED_91.get((g, b), 1.0), r"random case, seed \d+"),
+    (check_rack_pflops, lambda g, t, s: t / 1000 / (1 if s else 2), r"one GPU's rate"),
+    (check_rack_pflops, lambda g, t, s: True, r"returned bool"),
+    (check_memory_per_gpu, lambda d, e, tp, pp, dp, ep: ((d / (tp * pp) + e / (tp * pp * ep)) * 4 +
+                                                         12 * (d / (tp * pp) + e / (tp * pp * ep)) / dp) / 1e9,
+     r"sharded over all 128 DP ranks"),
+    (check_memory_per_gpu, lambda d, e, tp, pp, dp, ep: right_memory(d, e * tp, tp, pp, dp, ep), r"not split by TP"),
+    (check_memory_per_gpu, lambda *a: [right_memory(*a)], r"returned list"),
+    (check_all_to_all_seconds, lambda b, g, d, nv, net: right_a2a(b, g, d, net, nv), r"bandwidths are swapped"),
+    (check_all_to_all_seconds, lambda b, g, d, nv, net: max(b * (d - 1) / g / (nv * 1e9),
+                                                            b * (g - d) / g / (net * 1e9)), r"not domain - 1"),
+])
+def test_audit_wrong(check, wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        check(wrong)
+
+
+def test_same_wrong_answer_fails_every_call():
+    wrong = lambda b, g, d, nv, net: right_a2a(b, g, d, net, nv)  # noqa: E731
+    for _ in range(5):
+        with pytest.raises(CheckFailed):
+            check_all_to_all_seconds(wrong)
+
+
+@pytest.mark.parametrize("check, wrong", [
+    (check_aggregate_nvlink, lambda g, b: topology.aggregate_nvlink_tbs(g, b)),
+    (check_rack_pflops, lambda g, t, s: topology.rack_pflops(g, t if s else t / 2)),
+    (check_all_to_all_seconds, lambda b, g, d, nv, net: topology.all_to_all_seconds(b, g, topology.Fabric("f", d, nv,
+                                                                                                          net))),
+])
+def test_calling_the_reference_is_caught(check, wrong):
+    with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
+        check(wrong)
+    assert not hasattr(topology.all_to_all_seconds, "__wrapped_by_spy__")
+    assert topology.all_to_all_seconds.__name__ == "all_to_all_seconds"

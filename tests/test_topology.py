@@ -38,8 +38,32 @@ def test_all_to_all_inside_and_across_the_domain():
     assert topology.all_to_all_seconds(8e9, 8, fab, stride=8) == pytest.approx(7e9 / 50e9)
     assert topology.all_reduce_seconds(1e9, 8, fab) == pytest.approx(2 * 7 / 8 * 1e9 / 200e9)
     assert topology.all_reduce_seconds(1e9, 16, fab) == pytest.approx(2 * 15 / 16 * 1e9 / 50e9)
-    assert topology.ep_network_copies(8, 64, fab) == pytest.approx(7)
+    assert topology.ep_network_copies(8, 64, fab, dedup=False) == pytest.approx(7)
     assert topology.ep_network_copies(8, 64, fab, max_nodes_per_token=4) == pytest.approx(3.5)
+    with pytest.raises(ValueError, match="num_experts"):
+        topology.ep_network_copies(8, 64, fab)
+
+
+def test_node_limit_and_dedup_attributed():
+    """Lab 06's routing-index figures (151.8 / 100.3 / 75.3 KB per token) within 1%: the node limit alone saves
+    nothing; de-duplication does 151.8 -> 100.3; the limit on top of it 100.3 -> 75.3."""
+    from common import moe
+    fab = topology.Fabric("h800", 8, 160.0, 50.0)
+    kb = moe.token_traffic_bytes(7168, 1)["total"] / 1e3
+    per_expert = topology.ep_network_copies(8, 64, fab, dedup=False)
+    limit_alone = topology.ep_network_copies(8, 64, fab, max_nodes_per_token=4, dedup=False)
+    dedup_alone = topology.ep_network_copies(8, 64, fab, dedup=True, num_experts=256)
+    both = topology.ep_network_copies(8, 64, fab, max_nodes_per_token=4)
+    assert limit_alone == per_expert
+    assert per_expert * kb == pytest.approx(151.8, rel=0.01)
+    assert dedup_alone * kb == pytest.approx(100.3, rel=0.01)
+    assert both * kb == pytest.approx(75.3, rel=0.015)
+    # NVLink carries the forwarding inside the destination nodes
+    assert topology.ep_nvlink_copies(8, 64, fab, dedup=False) == pytest.approx(8 * 7 / 64)
+    assert topology.ep_nvlink_copies(8, 64, fab) == pytest.approx(8 * 7 / 64 + 7 * 7 / 8)
+    a2a = topology.ep_all_to_all_seconds(4096, 1000, 8, 64, fab, max_nodes_per_token=4)
+    assert a2a["seconds"] == pytest.approx(max(a2a["network_s"], a2a["nvlink_s"]))
+    assert a2a["network_s"] == pytest.approx(4096 * 1000 * 3.5 / 50e9)
 
 
 def test_deepseek_layout_memory_and_communication():
@@ -54,7 +78,8 @@ def test_deepseek_layout_memory_and_communication():
     comm = topology.step_communication(m, ds, fab, tok)
     assert comm["tp_all_reduce"] == 0 and comm["ep_all_to_all"] > 0
     limited = topology.step_communication(m, ds, fab, tok, max_nodes_per_token=4)
-    assert limited["ep_all_to_all"] == pytest.approx(comm["ep_all_to_all"] / 2)
+    assert limited["ep_all_to_all"] == pytest.approx(comm["ep_all_to_all"] * 3.5 / topology.ep_network_copies(
+        8, 64, fab, num_experts=256))
     tp8 = topology.step_communication(m, topology.Layout(tp=8, pp=16, dp=16, ep=8), fab, tok)
     assert tp8["tp_all_reduce"] > limited["ep_all_to_all"]
     nvl = topology.step_communication(m, ds, topology.fabric("GB200-NVL72"), tok)

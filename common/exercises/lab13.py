@@ -1,0 +1,148 @@
+"""Checkers for lab 13 (DeepSeek-V3 from first principles): the FLOPs of one MoE layer from the config, the exposed
+all-to-all time of a chunk, GPU-hours per trillion tokens from a step time.
+
+Each checker starts with fixed, asymmetric cases (no two mistakes give the same number), then random cases from a
+fresh seed that a failure prints."""
+from __future__ import annotations
+
+from common import v3model
+from common.checks import checker, expect, expect_close, fail, near
+from common.exercises.lab09 import calls_to, number as _number, seeded as _seeded
+
+
+# ---------------------------------------------------------------- 13.1
+
+def moe_layer_parts(cfg) -> dict:
+    """Forward FLOPs per token of one MoE layer's GEMMs, by part, from v3model.forward_flops_per_token."""
+    comps = {name: f for name, _, f in v3model.forward_flops_per_token(cfg)}
+    layers = cfg["num_hidden_layers"] + cfg["num_nextn_predict_layers"]
+    moe_layers = cfg.moe_layers + cfg["num_nextn_predict_layers"]
+    return {"mla": comps["MLA projections"] / layers, "shared": comps["shared expert"] / moe_layers,
+            "routed": comps["8 routed experts"] / moe_layers, "router": comps["router"] / moe_layers}
+
+
+def _configs(rng):
+    base = v3model.config()
+    fixed = [base,
+             base.replace(hidden_size=4096, moe_intermediate_size=1408, num_experts_per_tok=6, n_routed_experts=64,
+                          n_shared_experts=2, q_lora_rank=768, kv_lora_rank=384, num_attention_heads=32,
+                          num_key_value_heads=32)]
+    heads = [rng.choice([16, 40, 96]) for _ in range(3)]
+    rand = [base.replace(hidden_size=rng.choice([1024, 2048, 3072, 5120]),
+                         moe_intermediate_size=rng.choice([512, 768, 1536]), num_experts_per_tok=rng.choice([2, 4, 6]),
+                         n_routed_experts=rng.choice([32, 64, 160]), n_shared_experts=rng.choice([1, 2, 3]),
+                         q_lora_rank=rng.choice([256, 1024]), kv_lora_rank=rng.choice([128, 256]),
+                         num_attention_heads=nh, num_key_value_heads=nh) for nh in heads]
+    return fixed, rand
+
+
+@checker("13.1", "forward FLOPs of one MoE layer from the config")
+def check_moe_layer_flops(moe_layer_flops):
+    """moe_layer_flops(cfg, tokens) -> forward FLOPs of one MoE layer's GEMMs for `tokens` tokens: MLA projections
+    (q_a, q_b, kv_a, kv_b, output), the shared expert(s) and the top-k routed experts (SwiGLU: 3 matrices each) and
+    the router; 2 FLOPs per multiply-add; the attention core (scores) not included."""
+    seed, rng = _seeded()
+    fixed, rand = _configs(rng)
+    cases = [(c, t, False) for c, t in zip(fixed, (4096, 1000))] + [(c, rng.choice([1, 512, 3000]), True)
+                                                                     for c in rand]
+    for cfg, tokens, is_random in cases:
+        p = moe_layer_parts(cfg)
+        expected = tokens * sum(p.values())
+        k, s = cfg["num_experts_per_tok"], cfg["n_shared_experts"]
+        h, inter = cfg["hidden_size"], cfg["moe_intermediate_size"]
+        where = (f"moe_layer_flops(cfg with hidden={h}, moe_intermediate={inter}, top_k={k}, shared={s}, "
+                 f"experts={cfg['n_routed_experts']}, tokens={tokens})" + (f" [random case, seed {seed}]"
+                                                                          if is_random else ""))
+        with calls_to(v3model, "forward_flops_per_token") as spy:
+            got = _number(moe_layer_flops(cfg, tokens), where)
+        spy.verdict("moe_layer_flops")
+        one_expert = p["routed"] / k
+        mistakes = [
+            (expected / 2, "counts one FLOP per multiply-add; a GEMM does 2 (multiply and add) per weight and token"),
+            (expected * 3, "is the forward + backward (training) count; the question asks for the forward pass"),
+            (expected - tokens * p["shared"], "leaves out the shared expert(s): every token also goes through them"),
+            (expected - tokens * p["router"], "leaves out the router (hidden x experts scores per token)"),
+            (expected - tokens * p["mla"], "leaves out the MLA projections (q_a, q_b, kv_a, kv_b, output)"),
+            (expected + tokens * (cfg["n_routed_experts"] - k) * one_expert,
+             "runs every routed expert on every token; a token only visits its top-k experts"),
+            (expected - tokens * (p["routed"] + p["shared"]) / 3,
+             "counts 2 matrices per expert; a SwiGLU expert has 3 (gate, up and down)"),
+        ]
+        for value, why in mistakes:
+            if near(got, value, 1e-9) and not near(got, expected, 1e-9):
+                fail(f"{where} = {got:.10g}: that {why} (expected {expected:.10g})")
+        expect_close(got, expected, where, rtol=1e-9, atol=0.0)
+    return (f"right for {len(cases)} configs; DeepSeek-V3: {moe_layer_parts(fixed[0])['routed'] * 4096 / 1e12:.2f} "
+            f"TFLOP of routed experts per 4096-token micro-batch and layer")
+
+
+# ---------------------------------------------------------------- 13.2
+
+@checker("13.2", "exposed all-to-all time of a chunk")
+def check_exposed_all_to_all(exposed_all_to_all):
+    """exposed_all_to_all(F, B, comm_F, comm_B, overlapped) -> seconds of all-to-all left on the critical path:
+    alone (overlapped=False) a chunk waits for its own dispatch/combine; in a DualPipe F&B pair (overlapped=True) each
+    chunk's all-to-all runs beside the other chunk's compute, so only what exceeds F + B stays exposed."""
+    seed, rng = _seeded()
+    cases = [(0.022, 0.046, 0.023, 0.023, True, False), (0.022, 0.046, 0.023, 0.023, False, False),
+             (0.010, 0.021, 0.030, 0.025, True, False), (0.010, 0.021, 0.030, 0.025, False, False)]
+    for _ in range(4):
+        cases.append((rng.uniform(0.005, 0.05), rng.uniform(0.01, 0.1), rng.uniform(0.001, 0.08),
+                      rng.uniform(0.001, 0.08), rng.random() < 0.5, True))
+    for F, B, cf, cb, ov, is_random in cases:
+        expected = v3model.exposed(cf + cb, F + B) if ov else cf + cb
+        where = (f"exposed_all_to_all(F={F:.6g}, B={B:.6g}, comm_F={cf:.6g}, comm_B={cb:.6g}, overlapped={ov})" +
+                 (f" [random case, seed {seed}]" if is_random else ""))
+        with calls_to(v3model, "exposed") as spy:
+            got = _number(exposed_all_to_all(F, B, cf, cb, ov), where)
+        spy.verdict("exposed_all_to_all")
+        if ov:
+            if got < 0:
+                fail(f"{where} = {got:.6g}: negative -- when compute outlasts the all-to-all nothing is exposed "
+                     f"(clamp at 0)")
+            if near(got, cf + cb) and not near(expected, cf + cb):
+                fail(f"{where} = {got:.6g}: no overlap counted; in an F&B pair the all-to-all runs beside the other "
+                     f"chunk's compute (expected {expected:.6g})")
+            if near(got, max(cf + cb, F + B)) and not near(expected, got):
+                fail(f"{where} = {got:.6g}: that is the pair's time, max(compute, communication); the exposed part "
+                     f"is what communication adds beyond the compute (expected {expected:.6g})")
+            own = max(0.0, cf - F) + max(0.0, cb - B)
+            if near(got, own) and not near(expected, own):
+                fail(f"{where} = {got:.6g}: you hid each chunk's all-to-all behind its own compute; it needs the "
+                     f"other chunk's (its own compute waits for the dispatched tokens) (expected {expected:.6g})")
+        else:
+            if near(got, v3model.exposed(cf + cb, F + B)) and not near(expected, got):
+                fail(f"{where} = {got:.6g}: a chunk alone has nothing to overlap with; its all-to-all is all "
+                     f"exposed (expected {expected:.6g})")
+            if near(got, cf) or near(got, cb):
+                if not near(expected, got):
+                    fail(f"{where} = {got:.6g}: count both passes' all-to-all (forward and backward)")
+        expect_close(got, expected, where, rtol=1e-9, atol=1e-15)
+    return "alone: comm_F + comm_B; in an F&B pair: max(0, comm_F + comm_B - (F + B))"
+
+
+# ---------------------------------------------------------------- 13.3
+
+@checker("13.3", "GPU-hours per trillion tokens from a step time")
+def check_gpu_hours(gpu_hours_per_t_tokens):
+    """gpu_hours_per_t_tokens(step_seconds, gpus, tokens_per_step) -> GPU-hours one trillion tokens takes."""
+    seed, rng = _seeded()
+    cases = [(9.99, 2048, 15360 * 4096, False), (3.0, 1024, 3072 * 4096, False), (20.0, 512, 8e6, False)]
+    for _ in range(4):
+        cases.append((rng.uniform(0.5, 60), rng.choice([64, 256, 1000, 2048, 16384]), rng.uniform(1e6, 1e8), True))
+    for step, gpus, tokens, is_random in cases:
+        expected = v3model.gpu_hours_per_t_tokens(step, gpus, tokens)
+        where = (f"gpu_hours_per_t_tokens({step:.6g}, {gpus}, {tokens:.6g})" +
+                 (f" [random case, seed {seed}]" if is_random else ""))
+        with calls_to(v3model, "gpu_hours_per_t_tokens") as spy:
+            got = _number(gpu_hours_per_t_tokens(step, gpus, tokens), where)
+        spy.verdict("gpu_hours_per_t_tokens")
+        for value, why in [(expected * 3600, "that is GPU-seconds; divide by 3600 for GPU-hours"),
+                           (expected / gpus, "that is wall-clock hours; multiply by the number of GPUs"),
+                           (expected / 1e12, "that is per token; the question asks per trillion tokens"),
+                           (expected / 24, "that is GPU-days; the question asks for GPU-hours")]:
+            if near(got, value) and not near(got, expected):
+                fail(f"{where} = {got:.6g}: {why} (expected {expected:.6g})")
+        expect(got > 0, f"{where} = {got:.6g}: GPU-hours are positive")
+        expect_close(got, expected, where, rtol=1e-9, atol=0.0)
+    return "step x GPUs / 3600 x (1e12 / tokens per step): DeepSeek's 180K means ~20 s steps would be needed"

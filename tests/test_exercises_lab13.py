@@ -1,0 +1,107 @@
+"""Lab 13 checkers: right answers pass, each classic mistake fails with a telling message, stubs are not attempted."""
+import pytest
+
+from common.checks import CheckFailed
+from common.exercises.lab13 import check_exposed_all_to_all, check_gpu_hours, check_moe_layer_flops
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError("Exercise: replace this line with your code")
+
+
+# ---- 13.1
+def mla(cfg):
+    h, nh, qr, kvr = cfg["hidden_size"], cfg["num_attention_heads"], cfg["q_lora_rank"], cfg["kv_lora_rank"]
+    nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    return h * qr + qr * nh * (nope + rope) + h * (kvr + rope) + kvr * nh * (nope + vd) + nh * vd * h
+
+
+def right_flops(cfg, tokens, factor=2, experts=None, shared=True, router=True, attn=True, mats=3):
+    h, i = cfg["hidden_size"], cfg["moe_intermediate_size"]
+    k = cfg["num_experts_per_tok"] if experts is None else experts
+    n = (k + (cfg["n_shared_experts"] if shared else 0)) * mats * h * i
+    n += (cfg["n_routed_experts"] * h if router else 0) + (mla(cfg) if attn else 0)
+    return factor * tokens * n
+
+
+def test_moe_layer_flops_right_and_stub():
+    assert check_moe_layer_flops(right_flops).passed
+    assert check_moe_layer_flops(stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda c, t: right_flops(c, t, factor=1), r"one FLOP per multiply-add"),
+    (lambda c, t: right_flops(c, t, factor=6), r"forward \+ backward"),
+    (lambda c, t: right_flops(c, t, shared=False), r"shared expert"),
+    (lambda c, t: right_flops(c, t, router=False), r"router"),
+    (lambda c, t: right_flops(c, t, attn=False), r"MLA projections"),
+    (lambda c, t: right_flops(c, t, experts=c["n_routed_experts"]), r"every routed expert"),
+    (lambda c, t: right_flops(c, t, mats=2), r"3 \(gate, up and down\)"),
+    (lambda c, t: right_flops(v3_cfg(), t), r"moe_layer_flops\(cfg with hidden=4096"),  # ignores cfg
+    (lambda c, t: None, r"returned None"),
+    (lambda c, t: (1.0, 2.0), r"returned tuple"),
+])
+def test_moe_layer_flops_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        check_moe_layer_flops(wrong)
+
+
+def v3_cfg():
+    from common import v3model
+    return v3model.config()
+
+
+# ---- 13.2
+def right_exposed(F, B, cf, cb, ov):
+    return max(0.0, cf + cb - F - B) if ov else cf + cb
+
+
+def test_exposed_right_and_stub():
+    assert check_exposed_all_to_all(right_exposed).passed
+    assert check_exposed_all_to_all(stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda F, B, cf, cb, ov: cf + cb - F - B if ov else cf + cb, r"negative"),
+    (lambda F, B, cf, cb, ov: cf + cb, r"no overlap counted"),
+    (lambda F, B, cf, cb, ov: max(cf + cb, F + B) if ov else cf + cb, r"the pair's time"),
+    (lambda F, B, cf, cb, ov: max(0, cf - F) + max(0, cb - B) if ov else cf + cb, r"its own compute"),
+    (lambda F, B, cf, cb, ov: max(0.0, cf + cb - F - B), r"nothing to overlap"),
+    (lambda F, B, cf, cb, ov: max(0.0, cf + cb - F - B) if ov else cf, r"both passes"),
+    (lambda F, B, cf, cb, ov: "0.1", r"returned str"),
+])
+def test_exposed_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        check_exposed_all_to_all(wrong)
+
+
+# ---- 13.3
+def right_hours(step, gpus, tokens):
+    return step * gpus / 3600 * 1e12 / tokens
+
+
+def test_gpu_hours_right_and_stub():
+    assert check_gpu_hours(right_hours).passed
+    assert check_gpu_hours(stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda s, g, t: s * g * 1e12 / t, r"GPU-seconds"),
+    (lambda s, g, t: s / 3600 * 1e12 / t, r"wall-clock hours"),
+    (lambda s, g, t: s * g / 3600 / t, r"per token"),
+    (lambda s, g, t: s * g / 86400 * 1e12 / t, r"GPU-days"),
+    (lambda s, g, t: s * 2048 / 3600 * 1e12 / t, r"gpu_hours_per_t_tokens\(3, 1024"),   # ignores gpus
+    (lambda s, g, t: s * g / 3600 * 1e12 / (15360 * 4096), r"gpu_hours_per_t_tokens\(3, 1024"),  # ignores tokens
+])
+def test_gpu_hours_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        check_gpu_hours(wrong)
+
+
+def test_calling_the_reference_is_caught():
+    from common import v3model
+    with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
+        check_gpu_hours(lambda s, g, t: v3model.gpu_hours_per_t_tokens(s, g, t))
+    with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
+        check_exposed_all_to_all(lambda F, B, cf, cb, ov: v3model.exposed(cf + cb, F + B) if ov else cf + cb)
+    assert v3model.gpu_hours_per_t_tokens.__name__ == "gpu_hours_per_t_tokens"

@@ -1,0 +1,97 @@
+"""The DeepSeek-V3 step-time model: its parts agree with the helpers it is built from and with the report's facts."""
+import dataclasses
+
+import pytest
+
+from common import hardware, moe, pipeline, topology, v3model
+
+
+def test_defaults_come_from_data():
+    x = v3model.defaults()
+    assert (x.gpus, x.pp, x.ep, x.tp, x.comm_sms, x.sms) == (2048, 16, 64, 1, 20, 132)
+    assert x.dp == 128 and x.micro_batches == 120 and x.tokens_per_step == 15360 * 4096
+    assert x.fp8_efficiency == pytest.approx(1350 / hardware.peak_tflops("H800-SXM", "fp8"))
+    assert "arXiv:2412.19437" in v3model.source("comm_sms")
+    with pytest.raises(ValueError, match="not a fact"):
+        v3model.fact("nope")
+
+
+def test_flops_per_token_near_the_published_figure():
+    # DeepSeek's ISCA paper: ~250 GFLOPs per training token; 6 x 37B = 222 GFLOPs without attention
+    per_token = v3model.training_flops_per_token()
+    assert 240e9 < per_token < 275e9
+    linear = sum(f for n, _, f in v3model.forward_flops_per_token() if not n.startswith("attention core"))
+    assert 3 * linear == pytest.approx(6 * 37e9, rel=0.08)
+
+
+def test_chunk_passes():
+    fl = v3model.chunk_flops(4096, 16)
+    for p in v3model.PRECISIONS:
+        assert fl["W"][p] < fl["B"][p]
+        assert fl["B"][p] >= 2 * fl["F"][p]
+    ch = v3model.chunk(v3model.defaults())
+    # the report's ~1:1 computation-to-communication ratio for cross-node EP, forward
+    assert 0.7 < ch.comm_F / ch.F < 1.4
+    d = ch.durations("dualpipe")
+    assert d.fb == pytest.approx(ch.F + ch.B)  # the pair hides its all-to-all
+    assert ch.durations("1f1b").FB is None
+
+
+def test_all_to_all_uses_topology_and_moe():
+    x = v3model.defaults()
+    a = v3model.chunk_all_to_all(x)
+    per_copy = moe.token_traffic_bytes(7168, 1)["total"]
+    assert a["network_copies"] == pytest.approx(3.5)
+    assert a["per_layer_s"] == pytest.approx(4096 * per_copy * 3.5 / 50e9)
+    assert v3model.chunk_all_to_all(dataclasses.replace(x, ep=1))["seconds"] == 0
+
+
+def test_exposed():
+    assert v3model.exposed(3.0, 1.0) == 2.0
+    assert v3model.exposed(1.0, 3.0) == 0.0
+
+
+def test_prediction_and_breakdown():
+    p = v3model.predict()
+    assert p.step_s == pytest.approx(sum(p.breakdown.values()))
+    assert p.gpu_hours_per_t == pytest.approx(v3model.gpu_hours_per_t_tokens(p.step_s, 2048, 15360 * 4096))
+    assert 0.3 < p.vs_reported < 1.5
+    assert 0 < p.mfu_fp8 < 1
+    assert p.memory["total"] < p.memory["hbm"]
+    assert isinstance(p.result, pipeline.Result)
+    # deterministic
+    assert v3model.predict().gpu_hours_per_t == p.gpu_hours_per_t
+
+
+def test_counterfactuals_move_the_right_way():
+    base = v3model.predict()
+    assert v3model.predict(schedule="1f1b").step_s > base.step_s
+    assert v3model.predict(max_nodes=None).step_s >= base.step_s
+    assert v3model.predict(fp8_efficiency=0.9).step_s < base.step_s
+    assert v3model.predict(ib_gbs=25).step_s > base.step_s
+    tp8 = v3model.predict(tp=8, ep=1, comm_sms=0)
+    assert tp8.step_s > base.step_s and tp8.memory["total"] > base.memory["total"]
+    nvl = topology.fabric("GB200-NVL72")
+    gb = v3model.predict(gpu_id="GB200", domain_gpus=72, nvlink_gbs=nvl.nvlink_gbs, ib_gbs=nvl.network_gbs,
+                         sms=hardware.gpu("GB200").sms)
+    assert gb.step_s < base.step_s / 2
+    assert v3model.chunk_all_to_all(gb.inputs)["network_copies"] == 0
+
+
+def test_efficiency_to_match_and_tornado():
+    eff = v3model.input_to_match("fp8_efficiency", 0.01, 1.0)
+    assert v3model.predict(fp8_efficiency=eff).gpu_hours_per_t == pytest.approx(180000, rel=1e-4)
+    rows = v3model.tornado({"ib_gbs": (40, 50)})
+    assert rows[0][3] >= rows[0][4]
+    assert v3model.input_to_match("fp8_efficiency", 0.9, 1.0) != v3model.input_to_match("fp8_efficiency", 0.9, 1.0)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="fp8_efficiency"):
+        v3model.predict(fp8_efficiency=1.5)
+    with pytest.raises(ValueError, match="comm_sms"):
+        v3model.predict(comm_sms=200)
+    with pytest.raises(ValueError, match="schedule"):
+        v3model.predict(schedule="gpipe")
+    with pytest.raises(ValueError, match="step_seconds"):
+        v3model.gpu_hours_per_t_tokens(0, 1, 1)
