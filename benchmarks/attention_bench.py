@@ -36,7 +36,12 @@ def main(argv=None) -> int:
                    "cudaProfilerStart/Stop at --seqs[0] (for ncu --profile-from-start off), then exit")
     p.add_argument("--summarize-ncu", nargs=2, metavar=("RAW_CSV", "OUT_JSON"), help="turn `ncu --import ... --csv "
                    "--page raw` output into a small JSON summary, then exit")
+    p.add_argument("--aot-table", metavar="CSV", help="compile every kernel configuration for sm_90 on this machine "
+                   "(no GPU needed; TRITON_INTERPRET unset) and write shared memory, registers and spills per "
+                   "configuration into CSV, then exit")
     args = p.parse_args(argv)
+    if args.aot_table:
+        return aot_table(args.aot_table)
     if args.summarize_ncu:
         return summarize_ncu(*args.summarize_ncu)
 
@@ -85,6 +90,28 @@ def main(argv=None) -> int:
             print(f"\nworst triton/sdpa over {scope}: {worst:.2f} -- {verdict} the target {args.target}")
         else:
             print(f"\nworst triton/sdpa over {scope}: {worst:.2f} (the {args.target} target applies to a GPU)")
+    return 0
+
+
+def aot_table(path: str) -> int:
+    import csv
+    import datetime
+    import triton
+    from common import attention
+    rows = attention.aot_table(90)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as f:
+        f.write(f"# sm_90 ahead-of-time compile of common/attention.py kernels, bf16, causal; triton {triton.__version__}, "
+                f"{datetime.date.today().isoformat()}; limit = H200-SXM smem_per_block_kib (data/hardware.json)\n")
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    bad = [r for r in rows if r["fits"] == r["pruned"]]
+    print(f"wrote {out} ({len(rows)} configurations; {sum(r['pruned'] for r in rows)} pruned by shared memory)")
+    if bad:
+        print("the estimate disagrees with Triton on:", bad)
+        return 1
     return 0
 
 

@@ -263,3 +263,74 @@ def test_triton_stub_kernel_is_not_attempted():
         return attention.launch_forward(stub_kernel, q, k, v, causal=causal)
     assert lab04.check_triton_forward(flash_forward).status == "not attempted"
     assert lab04.check_triton_forward(_stub).status == "not attempted"
+
+
+# ---------------------------------------------------------------------------------------------------------------- 4.5
+
+def _bwd(q, k, v, o, lse, do, bm, bn, causal):
+    return attention.tiled_attention_backward(q, k, v, o, lse, do, bm, bn, causal)
+
+
+def test_tiled_backward_right():
+    assert lab04.check_tiled_backward(_bwd).passed
+
+
+def _wrong_bwd(mistake):
+    def fn(q, k, v, o, lse, do, bm, bn, causal):
+        return tuple(t.float() for t in lab04._bwd_variant(q, k, v, do, causal, q.shape[-1] ** -0.5, bm, bn,
+                                                            mistake))
+    return fn
+
+
+@pytest.mark.parametrize("mistake, message", [
+    ("no_delta", "D = rowsum"), ("block_max", "max of each key block"), ("diagonal", "drops the diagonal"),
+    ("tile_mask", "inside the blocks that cross it"), ("no_scale", "lack the softmax scale")])
+def test_tiled_backward_mistakes_named(mistake, message, monkeypatch):
+    # the full-matrix variants would trip the N x N guard first: switch it off to test the diagnosis alone
+    monkeypatch.setattr(lab04, "_full_matrix_guard", lambda *a: _NullGuard())
+    with pytest.raises(CheckFailed, match=message):
+        lab04.check_tiled_backward(_wrong_bwd(mistake))
+
+
+class _NullGuard:
+    seen = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def test_tiled_backward_full_matrix_caught():
+    with pytest.raises(CheckFailed, match="N x N matrix was formed"):
+        lab04.check_tiled_backward(_wrong_bwd(None))
+
+
+def test_tiled_backward_swapped_blocks_pass():
+    # block_m and block_n mixed up: still right numerically, so it must pass (the blocks are a performance choice)...
+    assert lab04.check_tiled_backward(lambda q, k, v, o, lse, do, bm, bn, c: _bwd(q, k, v, o, lse, do, bn, bm, c)
+                                      ).passed
+
+
+def test_tiled_backward_modifies_input():
+    def fn(q, k, v, o, lse, do, bm, bn, causal):
+        out = _bwd(q, k, v, o, lse, do, bm, bn, causal)
+        do.mul_(1.0 + 1e-3)
+        return out
+    with pytest.raises(CheckFailed, match="modified its input do"):
+        lab04.check_tiled_backward(fn)
+
+
+def test_tiled_backward_wrong_type_and_stub():
+    with pytest.raises(CheckFailed, match="must return a tuple"):
+        lab04.check_tiled_backward(lambda *a: _bwd(*a)[0])
+    assert lab04.check_tiled_backward(_stub).status == "not attempted"
+
+
+def test_tiled_backward_seed_printed():
+    def fn(q, k, v, o, lse, do, bm, bn, causal):
+        dq, dk, dv = _bwd(q, k, v, o, lse, do, bm, bn, causal)
+        return dq * 1.01, dk, dv
+    with pytest.raises(CheckFailed, match=r"seed \d+"):
+        lab04.check_tiled_backward(fn)

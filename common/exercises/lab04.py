@@ -261,3 +261,134 @@ def check_triton_forward(flash_forward):
     names = "/".join(str(d).replace("torch.", "") for d in dtypes)
     return f"matches SDPA ({names}) in {total} cases: causal, non-causal, head dims 64 and 128, N not a " \
            f"multiple of the block"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4.5 the backward pass in PyTorch, tiled
+
+def _full_matrix_guard(n_q, n_k, limit):
+    """A TorchFunctionMode that records the shapes of every tensor produced and flags one with an (n_q, n_k) tail."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class Guard(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = None
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            for t in outs:
+                if (self.seen is None and isinstance(t, torch.Tensor) and t.dim() >= 2
+                        and t.shape[-2] > limit and t.shape[-1] > limit and t.shape[-2:] == (n_q, n_k)):
+                    self.seen = (getattr(func, "__name__", str(func)), tuple(t.shape))
+            return out
+    return Guard()
+
+
+def _bwd_variant(q, k, v, do, causal, scale, bm, bn, mistake=None):
+    """Gradients of attention in float64 with full matrices, right or with one named mistake (for the diagnosis)."""
+    import torch
+    q, k, v, do = (t.detach().double() for t in (q, k, v, do))
+    n_q, n_k = q.shape[2], k.shape[2]
+    s = (q @ k.transpose(-2, -1)) * scale
+    i = torch.arange(n_q)[:, None]
+    j = torch.arange(n_k)[None, :]
+    keep = torch.ones(n_q, n_k, dtype=torch.bool)
+    if causal:
+        keep = j <= i
+        if mistake == "diagonal":
+            keep = j < i
+        elif mistake == "tile_mask":  # blocks above the diagonal skipped, but no mask inside the diagonal blocks
+            keep = (j // bn) * bn <= (i // bm) * bm + bm - 1
+    lse = torch.logsumexp(s.masked_fill(~(j <= i) if causal else torch.zeros_like(keep), float("-inf")), -1)
+    if mistake == "block_max":  # P = exp(S - the max of its key block) instead of exp(S - L)
+        m = torch.cat([s[..., c:c + bn].masked_fill(~keep[:, c:c + bn], float("-inf")).amax(-1, keepdim=True)
+                       .expand(*s.shape[:-1], min(bn, n_k - c)) for c in range(0, n_k, bn)], -1)
+        p = torch.exp(s - m.nan_to_num(neginf=0.0))
+    else:
+        p = torch.exp(s - lse[..., None])
+    p = p.masked_fill(~keep, 0.0)
+    o = torch.softmax(s.masked_fill(~(j <= i) if causal else torch.zeros_like(keep), float("-inf")), -1) @ v
+    dv = p.transpose(-2, -1) @ do
+    dp = do @ v.transpose(-2, -1)
+    delta = (do * o).sum(-1, keepdim=True)
+    ds = p * dp if mistake == "no_delta" else p * (dp - delta)
+    sc = 1.0 if mistake == "no_scale" else scale
+    return ds @ k * sc, ds.transpose(-2, -1) @ q * sc, dv
+
+
+_BWD_MISTAKES = {
+    "no_delta": "dS = P * dP: D = rowsum(dO * O) is missing -- dS = P * (dP - D), the softmax's Jacobian needs it",
+    "block_max": "P was recomputed with the max of each key block, not from L: P = exp(S - L) with the forward's "
+                 "logsumexp (the block's max gives unnormalised, block-dependent P)",
+    "diagonal": "the causal mask drops the diagonal: query i sees key i (keep j <= i, not j < i)",
+    "tile_mask": "on the diagonal blocks the causal mask is missing: skipping the blocks above the diagonal is not "
+                 "enough, mask key j > query i inside the blocks that cross it",
+    "no_scale": "dQ and dK lack the softmax scale: S = Q K^T * scale, so dQ = dS K * scale and dK = dS^T Q * scale",
+}
+
+
+@checker("4.5", "tiled attention backward in PyTorch")
+def check_tiled_backward(tiled_backward):
+    """tiled_backward(q, k, v, o, lse, do, block_m, block_n, causal) -> (dq, dk, dv), never forming the N x N
+    matrix, checked against autograd through SDPA (float64) on float32 inputs."""
+    import torch
+    import torch.nn.functional as F
+    from common.checks import expect_close
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    tol = TOL["float32"]
+    n_odd = rng.choice([x for x in range(70, 140) if x % 32 and x % 16 and x % 48])
+    # (B, H, N, d, block_m, block_n, causal): blocks unequal both ways, N not a multiple of either block
+    cases = [(1, 2, 96, 32, 32, 16, False), (2, 1, n_odd, 16, 16, 32, False), (1, 2, 96, 32, 32, 16, True),
+             (1, 1, n_odd, 32, 16, 48, True), (1, 1, rng.randint(40, 90), 16, rng.choice([16, 32]),
+                                               rng.choice([8, 16, 24]), rng.random() < 0.5)]
+    for b, h, n, d, bm, bn, causal in cases:
+        q, k, v, do = (torch.randn(b, h, n, d, generator=gen) for _ in range(4))
+        where = (f"B={b}, H={h}, N={n}, d={d}, block_m={bm}, block_n={bn}, "
+                 f"{'causal' if causal else 'non-causal'} (seed {seed})")
+        q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+        o64 = F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal)
+        o64.backward(do.double())
+        scale = d ** -0.5
+        s = (q.double() @ k.double().transpose(-2, -1)) * scale
+        if causal:
+            s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        o, lse = o64.detach().float(), torch.logsumexp(s, -1).float()
+        inputs = (q, k, v, o, lse, do)
+        copies = [t.clone() for t in inputs]
+        guard = _full_matrix_guard(n, n, max(bm, bn))
+        with guard:
+            out = tiled_backward(q, k, v, o, lse, do, bm, bn, causal)
+        expect(isinstance(out, (tuple, list)) and len(out) == 3,
+               f"tiled_backward(...) for {where} must return a tuple (dq, dk, dv); got {type(out).__name__}"
+               + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""))
+        for name, t in zip(("q", "k", "v", "o", "lse", "do"), inputs):
+            expect(torch.equal(t, copies[("q", "k", "v", "o", "lse", "do").index(name)]),
+                   f"{where}: your function modified its input {name} in place -- compute into new tensors")
+        if guard.seen:
+            fail(f"{where}: {guard.seen[0]} produced a tensor of shape {guard.seen[1]}: the N x N matrix was "
+                 f"formed -- work on (block_m x block_n) tiles of S and P only")
+        got = [torch.as_tensor(t).detach().double() for t in out]
+        refs = (q64.grad, k64.grad, v64.grad)
+        for g, r, name in zip(got, refs, ("dq", "dk", "dv")):
+            expect(tuple(g.shape) == tuple(r.shape), f"{name} for {where}: expected shape {tuple(r.shape)}, got "
+                                                     f"{tuple(g.shape)}")
+        errs = [_rel_err(g, r) for g, r in zip(got, refs)]
+        if max(errs) < tol:
+            continue
+        for mistake, message in _BWD_MISTAKES.items():
+            if mistake in ("diagonal", "tile_mask") and not causal:
+                continue
+            wrong = _bwd_variant(q, k, v, do, causal, scale, bm, bn, mistake)
+            if all(_rel_err(g, w) < tol for g, w in zip(got, wrong)):
+                fail(f"{where}: {message}")
+        for g, r, name, e in zip(got, refs, ("dq", "dk", "dv"), errs):
+            if e >= tol:
+                expect_close(g, r, f"{name} for {where} (relative error {e:.3g}, allowed {tol:g})", rtol=tol,
+                             atol=tol * float(r.abs().max()))
+    return (f"dQ, dK, dV match autograd through SDPA in {len(cases)} cases (causal and not, block_m != block_n, N not "
+            f"a multiple of either block), never forming the N x N matrix, inputs untouched")
