@@ -29,7 +29,12 @@ def main(argv=None) -> int:
     p.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     p.add_argument("--impls", nargs="+", default=["naive", "tiled", "triton", "sdpa"])
     p.add_argument("--min-run-time", type=float, default=0.2 if gpu else 0.05)
-    p.add_argument("--target", type=float, default=0.8, help="triton/sdpa ratio to report against")
+    p.add_argument("--target", type=float, default=0.8, help="triton/sdpa forward ratio to report against")
+    p.add_argument("--bwd-target", type=float, default=0.6, help="triton/sdpa backward ratio to report against")
+    p.add_argument("--train-head-dims", type=int, nargs="+", default=[64, 128] if gpu else [32],
+                   help="head dims of the forward/backward/fwd+bwd table (Triton vs SDPA)")
+    p.add_argument("--train-seqs", type=int, nargs="+", default=None, help="default: --seqs on a GPU, 64 on a CPU")
+    p.add_argument("--no-train", action="store_true", help="skip the forward/backward/fwd+bwd table")
     p.add_argument("--torch-profile", metavar="DIR", help="profile the four implementations with the PyTorch "
                    "profiler at one size (--seqs[0]) and write a summary CSV and a trace into DIR, then exit")
     p.add_argument("--ncu-target", action="store_true", help="run the Triton kernel once between "
@@ -90,7 +95,34 @@ def main(argv=None) -> int:
             print(f"\nworst triton/sdpa over {scope}: {worst:.2f} -- {verdict} the target {args.target}")
         else:
             print(f"\nworst triton/sdpa over {scope}: {worst:.2f} (the {args.target} target applies to a GPU)")
+    if not args.no_train:
+        train(args, gpu, dtype, env)
     return 0
+
+
+def train(args, gpu, dtype, env) -> None:
+    """Forward, backward and fwd+bwd: Triton (flash_attn_func) and SDPA side by side, causal and not."""
+    from common import attention
+    seqs = args.train_seqs or (args.seqs if gpu else [64])
+    causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    rows = attention.train_benchmark(seqs, head_dims=args.train_head_dims, causal_modes=causal,
+                                     tokens=args.tokens, width=2048 if gpu else 64, dtype=dtype,
+                                     min_run_time=args.min_run_time)
+    unit = "TFLOP/s" if gpu else "GFLOP/s"
+    table = attention.train_ratio_table(rows, unit=unit)
+    print(f"\n== {env.device_name} | {args.dtype} | Triton vs SDPA, forward / backward / both | {unit} "
+          f"(FLOPs: fwd 4BHN^2d, bwd 2.5x, fwd+bwd 3.5x; halved when causal) ==")
+    if not gpu:
+        print("CPU: the Triton kernels run in the interpreter -- these timings are NOT GPU speed, only a smoke test")
+    print(table.round(3).to_string())
+    print("max relative error of the gradients vs SDPA:", f"{max(r['rel_err'] for r in rows):.1e}")
+    if gpu:
+        big = table[table.index.get_level_values("seq_len") >= 4096]
+        for col, target in (("fwd ratio", args.target), ("bwd ratio", args.bwd_target)):
+            if col in big and len(big):
+                worst = big[col].min()
+                print(f"worst {col} at N >= 4096: {worst:.2f} -- {'meets' if worst >= target else 'misses'} "
+                      f"the target {target}")
 
 
 def aot_table(path: str) -> int:

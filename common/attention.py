@@ -1003,3 +1003,78 @@ def ratio_table(rows: list[dict], impl: str = "triton", baseline: str = "sdpa", 
     if impl in df.columns and baseline in df.columns:
         df[f"{impl}/{baseline}"] = df[impl] / df[baseline]
     return df
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# benchmark: forward, backward and both, Triton against SDPA
+
+PASSES = ("fwd", "bwd", "fwd+bwd")
+PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}  # the backward's 5 matmuls against the forward's 2
+
+
+def train_benchmark(seq_lens, head_dims=(64, 128), causal_modes=(False, True), tokens: int = 16384,
+                    width: int = 2048, dtype=None, device: str | None = None, min_run_time: float = 0.2,
+                    passes=PASSES) -> list[dict]:
+    """Time the Triton kernels (`flash_attn_func`) and SDPA, forward, backward and both, through autograd.
+
+    Shapes: batch = tokens // N (at least 1), heads = width // d (the FlashAttention papers' setting). FLOPs: the
+    forward 4 B H N^2 d (halved when causal), the backward 2.5x that (FlashAttention-2's convention; the Triton
+    backward really does 3.5x, since dQ's kernel recomputes S and dP). Rows: impl, pass, seq_len, head_dim, causal,
+    ms, tflops; the gradients are checked against SDPA's first (max relative error in `rel_err`).
+    """
+    import torch
+    from common import timing
+    from common.env import current
+    dev = device or current().device
+    dtype = dtype or (torch.bfloat16 if dev == "cuda" else torch.float32)
+    for name in passes:
+        if name not in PASSES:
+            raise ValueError(f"pass {name!r} is unknown; allowed: {', '.join(PASSES)}")
+    impls = {"triton": lambda q, k, v, c: flash_attn_func(q, k, v, c),
+             "sdpa": lambda q, k, v, c: sdpa(q, k, v, c)}
+    rows = []
+    for d in head_dims:
+        heads = max(1, width // d)
+        for n in seq_lens:
+            batch = max(1, tokens // n)
+            for causal in causal_modes:
+                q, k, v = (torch.randn(batch, heads, n, d, device=dev, dtype=dtype, requires_grad=True)
+                           for _ in range(3))
+                do = torch.randn(batch, heads, n, d, device=dev, dtype=dtype)
+                grads = {}
+                for name, f in impls.items():
+                    o = f(q, k, v, causal)
+                    grads[name] = torch.autograd.grad(o, (q, k, v), do)
+                err = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+                          for a, b in zip(grads["triton"], grads["sdpa"]))
+                fwd_flops = attention_flops(batch, heads, n, d, causal)
+                for name, f in impls.items():
+                    o = f(q, k, v, causal)
+                    calls = {"fwd": lambda f=f: f(q, k, v, causal),
+                             "bwd": lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True),
+                             "fwd+bwd": lambda f=f: torch.autograd.grad(f(q, k, v, causal), (q, k, v), do)}
+                    for p in passes:
+                        t = timing.bench(calls[p], label=f"{name} {p} N={n} d={d}", device=dev,
+                                         min_run_time=min_run_time, warmup=1)
+                        rows.append({"impl": name, "pass": p, "seq_len": n, "head_dim": d, "causal": causal,
+                                     "ms": t.ms, "tflops": PASS_FLOP_FACTOR[p] * fwd_flops / t.median_s / 1e12,
+                                     "rel_err": err})
+                    del o
+                del q, k, v, do, grads
+    return rows
+
+
+def train_ratio_table(rows: list[dict], unit: str = "TFLOP/s"):
+    """Per (head_dim, causal, seq_len): Triton and SDPA FLOP rates side by side and triton/sdpa, per pass."""
+    import pandas as pd
+    scale = {"TFLOP/s": 1.0, "GFLOP/s": 1e3}.get(unit)
+    if scale is None:
+        raise ValueError(f"unit={unit!r}; allowed: 'TFLOP/s', 'GFLOP/s'")
+    df = pd.DataFrame(rows)
+    wide = df.pivot_table(index=["head_dim", "causal", "seq_len"], columns=["pass", "impl"], values="tflops") * scale
+    out = pd.DataFrame(index=wide.index)
+    for p in [x for x in PASSES if x in df["pass"].unique()]:
+        out[f"{p} triton"] = wide[(p, "triton")]
+        out[f"{p} sdpa"] = wide[(p, "sdpa")]
+        out[f"{p} ratio"] = wide[(p, "triton")] / wide[(p, "sdpa")]
+    return out
