@@ -410,7 +410,7 @@ def flash_bwd_io_bytes(seq_len: int, head_dim: int, block_n: int, elem_bytes: in
     per key block: Q and dO read (2 N d e), L and D read (2 N a), the dQ accumulator read and written (2 N d a);
     at the end dQ read (N d a) and written in the input dtype (N d e). e = elem_bytes, a = acc_bytes (4: float32;
     8 for float64 inputs). The forward reads K and V once per query block; the backward reads Q, dO (and dQ) once per
-    key block: the same N^2 d / block growth, about 2.5x the forward's bytes at equal blocks.
+    key block: the same N^2 d / block growth, about 3x the forward's bytes at equal blocks (float32 dQ).
     """
     for name, value in (("seq_len", seq_len), ("head_dim", head_dim), ("block_n", block_n),
                         ("elem_bytes", elem_bytes), ("heads", heads), ("batch", batch)):
