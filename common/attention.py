@@ -402,6 +402,60 @@ def count_flash_bytes(seq_len: int, head_dim: int, block_m: int, block_n: int, e
     return c.total
 
 
+def naive_moved_bytes(seq_len: int, head_dim: int, elem_bytes: int = 2, heads: int = 1, batch: int = 1,
+                      causal: bool = False) -> int:
+    """HBM bytes that `naive_attention` really moves in eager PyTorch -- more than Algorithm 0's 4 N^2 elements:
+
+    Q K^T writes S (e per element); `* scale` is a pass of its own (read e, write e); causal: the boolean N x N mask
+    is built (write 1), inverted (read 1, write 1) once, and applied (read e, write e; the mask read 1, once); the
+    softmax runs in float32: a
+    conversion when e != 4 (read e, write 4), the softmax (read 4, write 4), the conversion back (read 4, write e);
+    P V reads P (e). Plus Q, K, V read and O written (4 N d e). No reuse through caches is assumed: each eager op's
+    output goes to memory. 16-bit, non-causal: 28 N^2 bytes against Algorithm 0's 8 N^2."""
+    for name, value in (("seq_len", seq_len), ("head_dim", head_dim), ("elem_bytes", elem_bytes), ("heads", heads),
+                        ("batch", batch)):
+        _positive_int(name, value)
+    e, n, d = elem_bytes, seq_len, head_dim
+    convert = (e + 4) if e != 4 else 0
+    per_score = e + 2 * e + (2 * e if causal else 0) + convert + 8 + convert + e
+    return batch * heads * (4 * n * d * e + n * n * per_score) + (4 * n * n if causal else 0)
+
+
+def tiled_eager_bytes(seq_len: int, head_dim: int, block_m: int, block_n: int, elem_bytes: int = 2, heads: int = 1,
+                      batch: int = 1) -> int:
+    """HBM bytes that the PyTorch `tiled_attention` really moves (non-causal) when every eager op's output goes to
+    memory: per (query block, key block) tile, the matmul's S (write e), its float32 copy and the scale pass, the max,
+    the subtraction and exp (read and write each), the sum, P's conversion, P V (read P and V_j, write the product,
+    convert it), and the accumulator's rescale and add (block_m x d float32, read and written three times); per query
+    block the final division, conversion and copy into O. It is what the roofline of the PyTorch-tiled version must
+    use: `flash_io_bytes` counts what a fused kernel moves, with S and P on chip."""
+    for name, value in (("seq_len", seq_len), ("head_dim", head_dim), ("block_m", block_m), ("block_n", block_n),
+                        ("elem_bytes", elem_bytes), ("heads", heads), ("batch", batch)):
+        _positive_int(name, value)
+    e, n, d = elem_bytes, seq_len, head_dim
+    a = 8 if e == 8 else 4
+    conv = (e + a) if e != a else 0
+    total = 0
+    for i in range(0, n, block_m):
+        r = min(block_m, n - i)
+        total += r * d * e  # Q block read
+        for j in range(0, n, block_n):
+            c = min(block_n, n - j)
+            t = r * c
+            total += c * d * e + t * e  # K_j read, S written by the matmul
+            total += t * conv + 2 * t * a  # float32 copy of S, the scale pass
+            total += t * a + r * a  # amax
+            total += 2 * t * a + 2 * t * a  # s - m, exp
+            total += t * a  # p.sum
+            total += t * conv  # P back to the input dtype
+            total += t * e + c * d * e + r * d * e + r * d * conv  # P V: read P and V_j, write, convert
+            total += 2 * r * d * a + 3 * r * d * a  # acc * alpha (read, write), acc + pv (read 2, write 1)
+            total += 3 * r * a + 5 * r * a + 6 * r * a  # the running max, alpha = exp(m - m_new), l * alpha + sum
+        total += 2 * r * a + r * d * a  # m, l and acc initialised
+        total += 2 * r * d * a + r * d * (a + e) + 2 * r * d * e  # acc / l, to(dtype), copy into O
+    return batch * heads * total
+
+
 def flash_bwd_io_bytes(seq_len: int, head_dim: int, block_n: int, elem_bytes: int = 2, heads: int = 1,
                        batch: int = 1, acc_bytes: int | None = None) -> int:
     """HBM bytes of `tiled_attention_backward` (non-causal) in closed form, with T = ceil(N / block_n) key blocks:
@@ -947,9 +1001,9 @@ def benchmark(seq_lens, batch: int = 1, heads: int = 2, head_dim: int = 64, dtyp
               max_tiled_seq: int | None = None, progress: bool = False) -> list[dict]:
     """Time each implementation at each sequence length (verified against SDPA first); one row per pair.
 
-    Rows: impl, seq_len, ms, tflops (FLOPs = 4 B H N^2 D, halved when causal), hbm_bytes (standard count for
-    "naive", the tiled count with `tiled_blocks` for the others), intensity (FLOP/B) and rel_err vs SDPA. The naive
-    version is skipped when its N x N matrices would exceed `max_naive_bytes`, the Python-looped tiled version above
+    Rows: impl, seq_len, ms, tflops (FLOPs = 4 B H N^2 D, halved when causal), hbm_bytes (what each implementation
+    moves: `naive_moved_bytes` for "naive", `tiled_eager_bytes` for "tiled", `flash_io_bytes` for the fused
+    kernels), intensity (FLOP/B) and rel_err vs SDPA. The naive version is skipped when its N x N matrices would exceed `max_naive_bytes`, the Python-looped tiled version above
     `max_tiled_seq` (default: no limit on a CPU, 4096 on a GPU).
     """
     import torch
@@ -981,10 +1035,12 @@ def benchmark(seq_lens, batch: int = 1, heads: int = 2, head_dim: int = 64, dtyp
             err = ((out - ref).abs().max() / ref.abs().max()).item()
             t = timing.bench(fn, q, k, v, label=f"{name} N={n}", device=dev, min_run_time=min_run_time,
                              warmup=0 if dev == "cpu" else 1)  # the verification call above warmed it up
-            if name == "naive":
-                moved = standard_io_bytes(n, head_dim, elem, heads, batch)
+            if name == "naive":  # what the eager implementations really move, not the fused algorithms' counts
+                moved = naive_moved_bytes(n, head_dim, elem, heads, batch, causal)
+            elif name == "tiled":
+                moved = tiled_eager_bytes(n, head_dim, *tiled_blocks, elem_bytes=elem, heads=heads, batch=batch)
             else:
-                bm = min(tiled_blocks[0], n) if name == "tiled" else (128 if dev == "cuda" else CPU_BLOCKS[0])
+                bm = 128 if dev == "cuda" else CPU_BLOCKS[0]
                 moved = flash_io_bytes(n, head_dim, elem_bytes=elem, block_m=bm, heads=heads, batch=batch)
             rows.append({"impl": name, "seq_len": n, "ms": t.ms, "tflops": flops / t.median_s / 1e12,
                          "hbm_bytes": moved, "intensity": flops / moved, "rel_err": err, "iqr_%": 100 * t.spread})

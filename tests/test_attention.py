@@ -311,3 +311,39 @@ def test_backward_kernels_compile_for_hopper_without_a_gpu():
     if r.returncode and ("No module named 'triton.backends.nvidia" in r.stderr or "ptxas" in r.stderr.lower()):
         pytest.skip("Triton's NVIDIA backend / ptxas is not available here")
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+def _dispatch_bytes(fn, *args):
+    """Bytes read and written by every aten op `fn` runs (views excluded): what eager PyTorch moves, op by op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    views = {"view", "_unsafe_view", "t", "transpose", "slice", "expand", "detach", "alias", "select", "unsqueeze",
+             "permute", "as_strided", "squeeze", "lift_fresh", "empty_like", "empty"}
+
+    class Count(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ not in views:
+                for t in [*args, *(kwargs or {}).values(), *(out if isinstance(out, (tuple, list)) else (out,))]:
+                    if isinstance(t, torch.Tensor):
+                        Count.total += t.numel() * t.element_size()
+            return out
+
+    with Count():
+        fn(*args)
+    return Count.total
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_roofline_bytes_are_what_eager_moves(dtype):
+    q, k, v = _qkv(1, 2, 128, 32, dtype)
+    e = q.element_size()
+    assert _dispatch_bytes(A.naive_attention, q, k, v) == A.naive_moved_bytes(128, 32, e, heads=2)
+    causal = _dispatch_bytes(A.naive_attention, q, k, v, True)
+    assert abs(causal - A.naive_moved_bytes(128, 32, e, heads=2, causal=True)) / causal < 0.01
+    tiled = _dispatch_bytes(A.tiled_attention, q, k, v, 32, 16)
+    assert abs(tiled - A.tiled_eager_bytes(128, 32, 32, 16, e, heads=2)) / tiled < 0.1
+    # both are far above the algorithms' counts that the roofline used before
+    assert A.naive_moved_bytes(4096, 64, 2) > 3 * A.standard_io_bytes(4096, 64, 2)
+    assert A.tiled_eager_bytes(4096, 64, 128, 128, 2) > 10 * A.flash_io_bytes(4096, 64, block_m=128)

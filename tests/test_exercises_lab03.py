@@ -246,3 +246,39 @@ def test_softmax_stub():
     def stub(x, out):
         raise NotImplementedError("Exercise 3.3: replace this line with your code")
     assert check_softmax(stub).status == "not attempted"
+
+
+# ---------------------------------------------------------------------------------------------------- issue 12 classes
+
+def test_chain_bytes_wrong_size_table_fails_every_call():
+    # a byte table that rounds 1-byte elements up to 2 and 8-byte ones down to 4 fails on every call (fixed cases)
+    wrong = lambda n, ops, b, fused: 2 * n * min(max(b, 2), 4) * (1 if fused else ops)  # noqa: E731
+    for _ in range(3):
+        with pytest.raises(CheckFailed, match=r"seed \d+"):
+            check_chain_bytes(wrong)
+
+
+def test_chain_bytes_aliased_mistakes_name_both():
+    # at 2 bytes per element, counting elements and counting reads only give one number: both are named
+    def elements_at_two(n, ops, b, fused):
+        right = 2 * n * b * (1 if fused else ops)
+        return right // 2 if b == 2 else right
+    with pytest.raises(CheckFailed, match="either elements instead of bytes .* or only the reads"):
+        check_chain_bytes(elements_at_two)
+
+
+def test_vector_add_modifies_input():
+    def add_in_place(x, y, out, block_size=1024):
+        x.add_(y)
+        out.copy_(x)
+        return out
+    with pytest.raises(CheckFailed, match="x or y was modified"):
+        check_vector_add(add_in_place)
+
+
+def test_softmax_modifies_input():
+    def in_place(x, out):
+        x.copy_(torch.softmax(x, dim=-1))
+        return out.copy_(x)
+    with pytest.raises(CheckFailed, match="input x was modified"):
+        check_softmax(in_place)

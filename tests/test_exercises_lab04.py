@@ -334,3 +334,52 @@ def test_tiled_backward_seed_printed():
         return dq * 1.01, dk, dv
     with pytest.raises(CheckFailed, match=r"seed \d+"):
         lab04.check_tiled_backward(fn)
+
+
+# ---------------------------------------------------------------------------------------------------- issue 12 classes
+
+def test_standard_bytes_wrong_size_table_fails_every_call():
+    # a byte-size table that treats 1-byte elements as 2 bytes: a fixed case now catches it on every call
+    wrong = lambda n, d, b: max(b, 2) * (4 * n * d + 4 * n * n)  # noqa: E731
+    for _ in range(3):
+        with pytest.raises(CheckFailed, match=r"elem_bytes=1\) \(seed \d+\)"):
+            lab04.check_standard_attention_bytes(wrong)
+
+
+def test_online_softmax_overwritten_max():
+    def overwrite(blocks):
+        m = l = None
+        for x in blocks:
+            x = x.float()
+            m_new = x.amax(-1)  # the block's max replaces the running max
+            t = torch.exp(x - m_new[:, None]).sum(-1)
+            l = t if l is None else l * torch.exp(m - m_new) + t
+            m = m_new
+        return m, l
+    with pytest.raises(CheckFailed, match="keep the running max"):
+        lab04.check_online_softmax(overwrite)
+
+
+def test_tiled_attention_full_matrix_caught():
+    with pytest.raises(CheckFailed, match="N x N matrix was formed"):
+        lab04.check_tiled_attention(lambda q, k, v, bm, bn, causal=False: attention.naive_attention(q, k, v, causal))
+
+
+def test_tiled_attention_swapped_blocks_caught():
+    with pytest.raises(CheckFailed, match="swapped"):
+        lab04.check_tiled_attention(lambda q, k, v, bm, bn, causal=False: attention.tiled_attention(q, k, v, bn, bm,
+                                                                                                   causal))
+
+
+def test_tiled_attention_modifies_input_caught():
+    def scales_q_in_place(q, k, v, bm, bn, causal=False):
+        q.mul_(q.shape[-1] ** -0.5)
+        return attention.tiled_attention(q, k, v, bm, bn, causal, scale=1.0)
+    with pytest.raises(CheckFailed, match=r"modified its input q"):
+        lab04.check_tiled_attention(scales_q_in_place)
+
+
+def test_tiled_attention_failure_prints_seed():
+    with pytest.raises(CheckFailed, match=r"seed \d+"):
+        lab04.check_tiled_attention(lambda q, k, v, bm, bn, causal=False: attention.tiled_attention(
+            q, k, v, bm, bn, causal) * 1.01)
