@@ -282,3 +282,22 @@ def test_softmax_modifies_input():
         return out.copy_(x)
     with pytest.raises(CheckFailed, match="input x was modified"):
         check_softmax(in_place)
+
+
+def test_vector_add_ignoring_block_size_caught():
+    def fixed_block(x, y, out, block_size=1024):
+        return vector_add_right(x, y, out, block_size=1024)  # right numbers, the parameter ignored
+    with pytest.raises(CheckFailed, match="launched with BLOCK_SIZE=1024, not the block_size="):
+        check_vector_add(fixed_block)
+
+
+def test_softmax_not_one_program_per_row_caught():
+    def two_launches(x, out):  # right numbers, but the rows split over two launches (grid != (n_rows,))
+        half = max(1, x.shape[0] // 2)
+        if x.shape[0] > 1:
+            _launch(softmax_kernel, x[:half], out[:half])
+            _launch(softmax_kernel, x[half:], out[half:])
+            return out
+        return _launch(softmax_kernel, x, out)
+    with pytest.raises(CheckFailed, match="one program per row"):
+        check_softmax(two_launches)

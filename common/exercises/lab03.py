@@ -37,6 +37,36 @@ def _call(fn, *args, **kwargs):
         raise
 
 
+class _RecordLaunches:
+    """`with _RecordLaunches() as launches:` records every Triton launch `kernel[grid](...)` made inside: its grid
+    (None when the grid is a function) and its int / bool keyword arguments (the constexprs such as BLOCK_SIZE)."""
+
+    def __enter__(self):
+        from triton.runtime.jit import KernelInterface  # the base of compiled and interpreted kernels: kernel[grid]
+        self.launches = []
+        self.saved = {KernelInterface: KernelInterface.__dict__["__getitem__"]}
+        launches = self.launches
+
+        def wrap(original):
+            def getitem(kernel, grid):
+                launch = original(kernel, grid)
+
+                def call(*args, **kwargs):
+                    launches.append({"grid": None if callable(grid) else tuple(grid),
+                                     "constants": {k: v for k, v in kwargs.items() if isinstance(v, (int, bool))}})
+                    return launch(*args, **kwargs)
+                return call
+            return getitem
+        for cls, original in self.saved.items():
+            cls.__getitem__ = wrap(original)
+        return self.launches
+
+    def __exit__(self, *exc):
+        for cls, original in self.saved.items():
+            cls.__getitem__ = original
+        return False
+
+
 def _guarded(t, fill=None):
     """A copy of `t` as a view into a buffer with GUARD extra elements after it (filled with `fill` or SENTINEL).
 
@@ -130,9 +160,14 @@ def check_vector_add(vector_add):
         x, _ = _guarded(x0, fill=float("nan"))  # an unmasked load reads NaN, never past the allocation
         y, _ = _guarded(y0, fill=float("nan"))
         out, out_buf = _guarded_out((n,), device)
-        ret = _call(vector_add, x, y, out, block_size=block)
+        with _RecordLaunches() as launches:
+            ret = _call(vector_add, x, y, out, block_size=block)
         got = out if ret is None else ret
         where = f"vector_add with n={n}, block_size={block} (seed {seed})"
+        sizes = {lc["constants"].get("BLOCK_SIZE") for lc in launches} - {None}
+        if sizes and sizes != {block}:
+            fail(f"{where}: the kernel was launched with BLOCK_SIZE={sorted(sizes)[0]}, not the block_size={block} "
+                 f"the launcher was given -- pass block_size through (and size the grid with it)")
         expect(isinstance(got, torch.Tensor), f"{where} returned {type(got).__name__}, expected the tensor out")
         expect(torch.equal(x, x0) and torch.equal(y, y0), f"{where}: x or y was modified -- write only into out")
         _expect_guard_intact(out_buf, n, where, "The last block runs past n: mask the store (and the loads) with "
@@ -210,8 +245,10 @@ def check_softmax(softmax):
         where = (f"softmax of a {rows}x{cols} matrix" + (f" with values around {offset:.0f} +- {scale:.0f}"
                                                           if offset else "") + (" (a strided view)" if strided else "")
                  + f" (seed {seed})")
-        ret = _call(softmax, x, out)
+        with _RecordLaunches() as launches:
+            ret = _call(softmax, x, out)
         got = out if ret is None else ret
+        grids = [lc["grid"] for lc in launches if lc["grid"] is not None]
         expect(isinstance(got, torch.Tensor), f"{where}: returned {type(got).__name__}, expected the tensor out")
         expect(torch.equal(x, x0), f"{where}: the input x was modified -- write only into out")
         _expect_guard_intact(out_buf, rows * cols, where, "The block is wider than a row (a power of two >= cols): "
@@ -225,6 +262,8 @@ def check_softmax(softmax):
         if strided and not torch.allclose(got.double(), expected, rtol=1e-5, atol=1e-6):
             fail(f"{where}: wrong on a strided view (row stride {x.stride(0)}, {cols} columns) although the rows are "
                  f"contiguous: step between rows with x.stride(0), not with the number of columns")
+        if grids and grids[-1][0] != rows:  # right numbers from another design: the exercise asks for this one
+            fail(f"{where}: launched a grid of {grids[-1]} for {rows} rows -- one program per row: grid = (n_rows,)")
         expect_close(got, expected, where, rtol=1e-5, atol=1e-6)
     return (f"matches torch.softmax over rows for {len(cases)} shapes (columns not a power of two, large values, a "
             f"strided view)")
