@@ -29,14 +29,24 @@ def main(argv=None) -> int:
     p.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     p.add_argument("--impls", nargs="+", default=["naive", "tiled", "triton", "sdpa"])
     p.add_argument("--min-run-time", type=float, default=0.2 if gpu else 0.05)
-    p.add_argument("--target", type=float, default=0.8, help="triton/sdpa ratio to report against")
+    p.add_argument("--target", type=float, default=0.8, help="triton/sdpa forward ratio to report against")
+    p.add_argument("--bwd-target", type=float, default=0.6, help="triton/sdpa backward ratio to report against")
+    p.add_argument("--train-head-dims", type=int, nargs="+", default=[64, 128] if gpu else [32],
+                   help="head dims of the forward/backward/fwd+bwd table (Triton vs SDPA)")
+    p.add_argument("--train-seqs", type=int, nargs="+", default=None, help="default: --seqs on a GPU, 64 on a CPU")
+    p.add_argument("--no-train", action="store_true", help="skip the forward/backward/fwd+bwd table")
     p.add_argument("--torch-profile", metavar="DIR", help="profile the four implementations with the PyTorch "
                    "profiler at one size (--seqs[0]) and write a summary CSV and a trace into DIR, then exit")
     p.add_argument("--ncu-target", action="store_true", help="run the Triton kernel once between "
                    "cudaProfilerStart/Stop at --seqs[0] (for ncu --profile-from-start off), then exit")
     p.add_argument("--summarize-ncu", nargs=2, metavar=("RAW_CSV", "OUT_JSON"), help="turn `ncu --import ... --csv "
                    "--page raw` output into a small JSON summary, then exit")
+    p.add_argument("--aot-table", metavar="CSV", help="compile every kernel configuration for sm_90 on this machine "
+                   "(no GPU needed; TRITON_INTERPRET unset) and write shared memory, registers and spills per "
+                   "configuration into CSV, then exit")
     args = p.parse_args(argv)
+    if args.aot_table:
+        return aot_table(args.aot_table)
     if args.summarize_ncu:
         return summarize_ncu(*args.summarize_ncu)
 
@@ -85,6 +95,55 @@ def main(argv=None) -> int:
             print(f"\nworst triton/sdpa over {scope}: {worst:.2f} -- {verdict} the target {args.target}")
         else:
             print(f"\nworst triton/sdpa over {scope}: {worst:.2f} (the {args.target} target applies to a GPU)")
+    if not args.no_train:
+        train(args, gpu, dtype, env)
+    return 0
+
+
+def train(args, gpu, dtype, env) -> None:
+    """Forward, backward and fwd+bwd: Triton (flash_attn_func) and SDPA side by side, causal and not."""
+    from common import attention
+    seqs = args.train_seqs or (args.seqs if gpu else [64])
+    causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    rows = attention.train_benchmark(seqs, head_dims=args.train_head_dims, causal_modes=causal,
+                                     tokens=args.tokens, width=2048 if gpu else 64, dtype=dtype,
+                                     min_run_time=args.min_run_time)
+    unit = "TFLOP/s" if gpu else "GFLOP/s"
+    table = attention.train_ratio_table(rows, unit=unit)
+    print(f"\n== {env.device_name} | {args.dtype} | Triton vs SDPA, forward / backward / both | {unit} "
+          f"(FLOPs: fwd 4BHN^2d, bwd 2.5x, fwd+bwd 3.5x; halved when causal) ==")
+    if not gpu:
+        print("CPU: the Triton kernels run in the interpreter -- these timings are NOT GPU speed, only a smoke test")
+    print(table.round(3).to_string())
+    print("max relative error of the gradients vs SDPA:", f"{max(r['rel_err'] for r in rows):.1e}")
+    if gpu:
+        big = table[table.index.get_level_values("seq_len") >= 4096]
+        for col, target in (("fwd ratio", args.target), ("bwd ratio", args.bwd_target)):
+            if col in big and len(big):
+                worst = big[col].min()
+                print(f"worst {col} at N >= 4096: {worst:.2f} -- {'meets' if worst >= target else 'misses'} "
+                      f"the target {target}")
+
+
+def aot_table(path: str) -> int:
+    import csv
+    import datetime
+    import triton
+    from common import attention
+    rows = attention.aot_table(90)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as f:
+        f.write(f"# sm_90 ahead-of-time compile of common/attention.py kernels, bf16, causal; triton {triton.__version__}, "
+                f"{datetime.date.today().isoformat()}; limit = H200-SXM smem_per_block_kib (data/hardware.json)\n")
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    bad = [r for r in rows if r["fits"] == r["pruned"]]
+    print(f"wrote {out} ({len(rows)} configurations; {sum(r['pruned'] for r in rows)} pruned by shared memory)")
+    if bad:
+        print("the estimate disagrees with Triton on:", bad)
+        return 1
     return 0
 
 

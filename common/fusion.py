@@ -332,3 +332,59 @@ def measure(label: str, fn, *args, min_bytes: int, modelled_bytes: int | None = 
                 "GB/s moved": moved / t.median_s / 1e9,
                 "fraction_of_copy_bw": fraction_of_copy_bw(min_bytes, t.median_s, copy_gbps)})
     return row
+
+
+# ---------------------------------------------------------------------------------------------- controlled timing
+
+class torch_threads:
+    """`with torch_threads(1): ...` runs PyTorch (and Inductor's OpenMP loops) on `n` threads, then restores the count.
+    On a small shared CPU one thread removes the OpenMP hand-off that makes two-thread timings of small kernels jump."""
+
+    def __init__(self, n: int):
+        _check_count("n", n, 1)
+        self.n = n
+
+    def __enter__(self):
+        import torch
+        self.before = torch.get_num_threads()
+        torch.set_num_threads(self.n)
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+        torch.set_num_threads(self.before)
+        return False
+
+
+def copy_ceiling_gbps(nbytes: int, device=None, rounds: int = 3, min_run_time: float = 0.05) -> float:
+    """The copy ceiling for a kernel that moves `nbytes` (read + write): the best of `rounds` timings of a copy that
+    moves the same bytes (a float32 buffer of nbytes / 2 copied into another), in GB/s, at the current thread count.
+    Same bytes, same cache level, same threads and the same per-call overhead as the kernel compared with it, so a
+    kernel cannot exceed it by more than timing noise (a DRAM-sized copy would be beaten by any cache-resident one)."""
+    import torch
+    from common import timing
+    from common.env import current
+    _check_count("nbytes", nbytes, 8)
+    _check_count("rounds", rounds, 1)
+    dev = device or current().device
+    src = torch.randn(nbytes // 8, device=dev)
+    dst = torch.empty_like(src)
+    moved = 2 * src.numel() * src.element_size()
+    best = min(timing.bench(dst.copy_, src, min_run_time=min_run_time, device=str(dev)).median_s
+               for _ in range(rounds))
+    return moved / best / 1e9
+
+
+def interleaved_speedup(fn_slow, fn_fast, *args, rounds: int = 5, min_run_time: float = 0.05) -> dict:
+    """Time the two functions in turn, `rounds` times (so a burst of load hits both alike); return the per-round
+    ratios slow/fast, their median and minimum, and each function's median time in seconds."""
+    import statistics
+    from common import timing
+    _check_count("rounds", rounds, 1)
+    slow, fast = [], []
+    for _ in range(rounds):
+        slow.append(timing.bench(fn_slow, *args, min_run_time=min_run_time).median_s)
+        fast.append(timing.bench(fn_fast, *args, min_run_time=min_run_time).median_s)
+    ratios = [s / f for s, f in zip(slow, fast)]
+    return {"median": statistics.median(ratios), "min": min(ratios), "ratios": ratios,
+            "slow_s": statistics.median(slow), "fast_s": statistics.median(fast)}

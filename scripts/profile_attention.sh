@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-data/profiles}
 SEQ=${SEQ:-8192}          # sequence length profiled (bf16, head dim 128, B*N = 16k tokens, 16 heads)
+# ALLOW_NO_NCU=1: without Nsight Compute, stop after the PyTorch profiler with success (make gpu-check uses it)
 NCU=${NCU:-ncu}
 
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
@@ -31,6 +32,7 @@ mv "build/profiles/attention_torch_profiler_${GPU}.csv" "$OUT/"
 echo "== 2/2 Nsight Compute: the Triton kernel (autotuned outside the profiled range) at N=$SEQ"
 if ! command -v "$NCU" >/dev/null; then
   echo "ncu not found: install Nsight Compute or set NCU=/path/to/ncu; the ncu summary stays owed" >&2
+  [ "${ALLOW_NO_NCU:-0}" = 1 ] && exit 0
   exit 3
 fi
 "$NCU" --profile-from-start off --target-processes all --kernel-name regex:flash_fwd_kernel --launch-count 1 \

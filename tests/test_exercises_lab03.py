@@ -246,3 +246,58 @@ def test_softmax_stub():
     def stub(x, out):
         raise NotImplementedError("Exercise 3.3: replace this line with your code")
     assert check_softmax(stub).status == "not attempted"
+
+
+# ---------------------------------------------------------------------------------------------------- issue 12 classes
+
+def test_chain_bytes_wrong_size_table_fails_every_call():
+    # a byte table that rounds 1-byte elements up to 2 and 8-byte ones down to 4 fails on every call (fixed cases)
+    wrong = lambda n, ops, b, fused: 2 * n * min(max(b, 2), 4) * (1 if fused else ops)  # noqa: E731
+    for _ in range(3):
+        with pytest.raises(CheckFailed, match=r"seed \d+"):
+            check_chain_bytes(wrong)
+
+
+def test_chain_bytes_aliased_mistakes_name_both():
+    # at 2 bytes per element, counting elements and counting reads only give one number: both are named
+    def elements_at_two(n, ops, b, fused):
+        right = 2 * n * b * (1 if fused else ops)
+        return right // 2 if b == 2 else right
+    with pytest.raises(CheckFailed, match="either elements instead of bytes .* or only the reads"):
+        check_chain_bytes(elements_at_two)
+
+
+def test_vector_add_modifies_input():
+    def add_in_place(x, y, out, block_size=1024):
+        x.add_(y)
+        out.copy_(x)
+        return out
+    with pytest.raises(CheckFailed, match="x or y was modified"):
+        check_vector_add(add_in_place)
+
+
+def test_softmax_modifies_input():
+    def in_place(x, out):
+        x.copy_(torch.softmax(x, dim=-1))
+        return out.copy_(x)
+    with pytest.raises(CheckFailed, match="input x was modified"):
+        check_softmax(in_place)
+
+
+def test_vector_add_ignoring_block_size_caught():
+    def fixed_block(x, y, out, block_size=1024):
+        return vector_add_right(x, y, out, block_size=1024)  # right numbers, the parameter ignored
+    with pytest.raises(CheckFailed, match="launched with BLOCK_SIZE=1024, not the block_size="):
+        check_vector_add(fixed_block)
+
+
+def test_softmax_not_one_program_per_row_caught():
+    def two_launches(x, out):  # right numbers, but the rows split over two launches (grid != (n_rows,))
+        half = max(1, x.shape[0] // 2)
+        if x.shape[0] > 1:
+            _launch(softmax_kernel, x[:half], out[:half])
+            _launch(softmax_kernel, x[half:], out[half:])
+            return out
+        return _launch(softmax_kernel, x, out)
+    with pytest.raises(CheckFailed, match="one program per row"):
+        check_softmax(two_launches)

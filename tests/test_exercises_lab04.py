@@ -263,3 +263,123 @@ def test_triton_stub_kernel_is_not_attempted():
         return attention.launch_forward(stub_kernel, q, k, v, causal=causal)
     assert lab04.check_triton_forward(flash_forward).status == "not attempted"
     assert lab04.check_triton_forward(_stub).status == "not attempted"
+
+
+# ---------------------------------------------------------------------------------------------------------------- 4.5
+
+def _bwd(q, k, v, o, lse, do, bm, bn, causal):
+    return attention.tiled_attention_backward(q, k, v, o, lse, do, bm, bn, causal)
+
+
+def test_tiled_backward_right():
+    assert lab04.check_tiled_backward(_bwd).passed
+
+
+def _wrong_bwd(mistake):
+    def fn(q, k, v, o, lse, do, bm, bn, causal):
+        return tuple(t.float() for t in lab04._bwd_variant(q, k, v, do, causal, q.shape[-1] ** -0.5, bm, bn,
+                                                            mistake))
+    return fn
+
+
+@pytest.mark.parametrize("mistake, message", [
+    ("no_delta", "D = rowsum"), ("block_max", "max of each key block"), ("diagonal", "drops the diagonal"),
+    ("tile_mask", "inside the blocks that cross it"), ("no_scale", "lack the softmax scale")])
+def test_tiled_backward_mistakes_named(mistake, message, monkeypatch):
+    # the full-matrix variants would trip the N x N guard first: switch it off to test the diagnosis alone
+    monkeypatch.setattr(lab04, "_full_matrix_guard", lambda *a: _NullGuard())
+    with pytest.raises(CheckFailed, match=message):
+        lab04.check_tiled_backward(_wrong_bwd(mistake))
+
+
+class _NullGuard:
+    seen = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def test_tiled_backward_full_matrix_caught():
+    with pytest.raises(CheckFailed, match="N x N matrix was formed"):
+        lab04.check_tiled_backward(_wrong_bwd(None))
+
+
+def test_tiled_backward_swapped_blocks_pass():
+    # block_m and block_n mixed up: still right numerically, so it must pass (the blocks are a performance choice)...
+    assert lab04.check_tiled_backward(lambda q, k, v, o, lse, do, bm, bn, c: _bwd(q, k, v, o, lse, do, bn, bm, c)
+                                      ).passed
+
+
+def test_tiled_backward_modifies_input():
+    def fn(q, k, v, o, lse, do, bm, bn, causal):
+        out = _bwd(q, k, v, o, lse, do, bm, bn, causal)
+        do.mul_(1.0 + 1e-3)
+        return out
+    with pytest.raises(CheckFailed, match="modified its input do"):
+        lab04.check_tiled_backward(fn)
+
+
+def test_tiled_backward_wrong_type_and_stub():
+    with pytest.raises(CheckFailed, match="must return a tuple"):
+        lab04.check_tiled_backward(lambda *a: _bwd(*a)[0])
+    assert lab04.check_tiled_backward(_stub).status == "not attempted"
+
+
+def test_tiled_backward_seed_printed():
+    def fn(q, k, v, o, lse, do, bm, bn, causal):
+        dq, dk, dv = _bwd(q, k, v, o, lse, do, bm, bn, causal)
+        return dq * 1.01, dk, dv
+    with pytest.raises(CheckFailed, match=r"seed \d+"):
+        lab04.check_tiled_backward(fn)
+
+
+# ---------------------------------------------------------------------------------------------------- issue 12 classes
+
+def test_standard_bytes_wrong_size_table_fails_every_call():
+    # a byte-size table that treats 1-byte elements as 2 bytes: a fixed case now catches it on every call
+    wrong = lambda n, d, b: max(b, 2) * (4 * n * d + 4 * n * n)  # noqa: E731
+    for _ in range(3):
+        with pytest.raises(CheckFailed, match=r"elem_bytes=1\) \(seed \d+\)"):
+            lab04.check_standard_attention_bytes(wrong)
+
+
+def test_online_softmax_overwritten_max():
+    def overwrite(blocks):
+        m = l = None
+        for x in blocks:
+            x = x.float()
+            m_new = x.amax(-1)  # the block's max replaces the running max
+            t = torch.exp(x - m_new[:, None]).sum(-1)
+            l = t if l is None else l * torch.exp(m - m_new) + t
+            m = m_new
+        return m, l
+    with pytest.raises(CheckFailed, match="keep the running max"):
+        lab04.check_online_softmax(overwrite)
+
+
+def test_tiled_attention_full_matrix_caught():
+    with pytest.raises(CheckFailed, match="N x N matrix was formed"):
+        lab04.check_tiled_attention(lambda q, k, v, bm, bn, causal=False: attention.naive_attention(q, k, v, causal))
+
+
+def test_tiled_attention_swapped_blocks_caught():
+    with pytest.raises(CheckFailed, match="swapped"):
+        lab04.check_tiled_attention(lambda q, k, v, bm, bn, causal=False: attention.tiled_attention(q, k, v, bn, bm,
+                                                                                                   causal))
+
+
+def test_tiled_attention_modifies_input_caught():
+    def scales_q_in_place(q, k, v, bm, bn, causal=False):
+        q.mul_(q.shape[-1] ** -0.5)
+        return attention.tiled_attention(q, k, v, bm, bn, causal, scale=1.0)
+    with pytest.raises(CheckFailed, match=r"modified its input q"):
+        lab04.check_tiled_attention(scales_q_in_place)
+
+
+def test_tiled_attention_failure_prints_seed():
+    with pytest.raises(CheckFailed, match=r"seed \d+"):
+        lab04.check_tiled_attention(lambda q, k, v, bm, bn, causal=False: attention.tiled_attention(
+            q, k, v, bm, bn, causal) * 1.01)

@@ -171,3 +171,24 @@ def test_explain_captures_one_graph_of_four_ops():
     info = fusion.explain(fusion.chain_eager, torch.randn(64, device=DEV))
     assert (info["graph_count"], info["graph_break_count"], info["op_count"]) == (1, 0, fusion.CHAIN_OPS)
     assert "torch.sigmoid" in info["graph_code"] and info["graph_code"].startswith("def forward")
+
+
+def test_torch_threads_restores_and_rejects():
+    before = torch.get_num_threads()
+    with fusion.torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="n"):
+        fusion.torch_threads(0)
+
+
+def test_copy_ceiling_and_interleaved_speedup():
+    x = torch.randn(2**16)
+    assert fusion.copy_ceiling_gbps(2**18, rounds=2, min_run_time=0.005) > 0
+    with pytest.raises(ValueError, match="nbytes"):
+        fusion.copy_ceiling_gbps(4)
+    r = fusion.interleaved_speedup(lambda a: (a * 2).sum() + a.sin().sum(), lambda a: a.sum(), x, rounds=3,
+                                   min_run_time=0.005)
+    assert len(r["ratios"]) == 3 and r["min"] <= r["median"] and r["median"] > 1
+    with pytest.raises(ValueError, match="rounds"):
+        fusion.interleaved_speedup(lambda a: a, lambda a: a, x, rounds=0)

@@ -37,6 +37,36 @@ def _call(fn, *args, **kwargs):
         raise
 
 
+class _RecordLaunches:
+    """`with _RecordLaunches() as launches:` records every Triton launch `kernel[grid](...)` made inside: its grid
+    (None when the grid is a function) and its int / bool keyword arguments (the constexprs such as BLOCK_SIZE)."""
+
+    def __enter__(self):
+        from triton.runtime.jit import KernelInterface  # the base of compiled and interpreted kernels: kernel[grid]
+        self.launches = []
+        self.saved = {KernelInterface: KernelInterface.__dict__["__getitem__"]}
+        launches = self.launches
+
+        def wrap(original):
+            def getitem(kernel, grid):
+                launch = original(kernel, grid)
+
+                def call(*args, **kwargs):
+                    launches.append({"grid": None if callable(grid) else tuple(grid),
+                                     "constants": {k: v for k, v in kwargs.items() if isinstance(v, (int, bool))}})
+                    return launch(*args, **kwargs)
+                return call
+            return getitem
+        for cls, original in self.saved.items():
+            cls.__getitem__ = wrap(original)
+        return self.launches
+
+    def __exit__(self, *exc):
+        for cls, original in self.saved.items():
+            cls.__getitem__ = original
+        return False
+
+
 def _guarded(t, fill=None):
     """A copy of `t` as a view into a buffer with GUARD extra elements after it (filled with `fill` or SENTINEL).
 
@@ -73,15 +103,21 @@ def _expect_guard_intact(buf, n: int, what: str, hint: str) -> None:
 @checker("3.1", "bytes moved by an elementwise chain, unfused vs fused")
 def check_chain_bytes(chain_bytes):
     """chain_bytes(n_elements, n_ops, bytes_per_element, fused) -> bytes read + written from/to memory."""
-    rng = random.Random()
-    cases = [(1000, 3, 4, False), (1000, 3, 4, True), (1, 1, 2, False)] + [
-        (rng.randint(2, 10**8), rng.randint(2, 12), rng.choice([1, 2, 4, 8]), rng.random() < 0.5) for _ in range(6)]
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    # every element size accepted (1, 2, 4, 8 bytes) has a fixed case; asymmetric sizes first
+    cases = [(1000, 3, 4, False), (1000, 3, 4, True), (1, 1, 2, False), (777, 5, 1, False), (513, 2, 8, True),
+             (300, 4, 2, False)] + [
+        (rng.randint(2, 10**8), rng.randint(2, 12), rng.choice([1, 2, 4, 8]), rng.random() < 0.5) for _ in range(4)]
     for n, ops, b, fused in cases:
         got = chain_bytes(n, ops, b, fused)
         expected = 2 * n * b * (1 if fused else ops)
-        where = f"chain_bytes({n}, n_ops={ops}, bytes_per_element={b}, fused={fused})"
+        where = f"chain_bytes({n}, n_ops={ops}, bytes_per_element={b}, fused={fused}) (seed {seed})"
         expect(got is not None, f"{where} returned None -- return the number of bytes")
         if got != expected:
+            if b == 2 and got == expected // 2:  # elements and "reads only" give one number at 2 bytes: name both
+                fail(f"{where} = {got}: half the bytes -- either elements instead of bytes (multiply by "
+                     f"bytes_per_element) or only the reads (or only the writes) of each pass")
             if got == expected // 2:
                 fail(f"{where} = {got}: that counts only the reads (or only the writes); every pass reads its input "
                      f"and writes its output, {expected} bytes")
@@ -114,18 +150,26 @@ def check_vector_add(vector_add):
     import torch
     from common.env import current
     device = current().device
-    rng = random.Random()
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
     cases = _add_cases(rng)
     for n, block in cases:
-        x0 = torch.randn(n, device=device)
-        y0 = torch.randn(n, device=device)
+        x0 = torch.randn(n, generator=gen).to(device)
+        y0 = torch.randn(n, generator=gen).to(device)
         x, _ = _guarded(x0, fill=float("nan"))  # an unmasked load reads NaN, never past the allocation
         y, _ = _guarded(y0, fill=float("nan"))
         out, out_buf = _guarded_out((n,), device)
-        ret = _call(vector_add, x, y, out, block_size=block)
+        with _RecordLaunches() as launches:
+            ret = _call(vector_add, x, y, out, block_size=block)
         got = out if ret is None else ret
-        where = f"vector_add with n={n}, block_size={block}"
+        where = f"vector_add with n={n}, block_size={block} (seed {seed})"
+        sizes = {lc["constants"].get("BLOCK_SIZE") for lc in launches} - {None}
+        if sizes and sizes != {block}:
+            fail(f"{where}: the kernel was launched with BLOCK_SIZE={sorted(sizes)[0]}, not the block_size={block} "
+                 f"the launcher was given -- pass block_size through (and size the grid with it)")
         expect(isinstance(got, torch.Tensor), f"{where} returned {type(got).__name__}, expected the tensor out")
+        expect(torch.equal(x, x0) and torch.equal(y, y0), f"{where}: x or y was modified -- write only into out")
         _expect_guard_intact(out_buf, n, where, "The last block runs past n: mask the store (and the loads) with "
                                                 "`mask = offsets < n_elements`.")
         unwritten = torch.nonzero(out == SENTINEL).flatten()
@@ -185,10 +229,12 @@ def check_softmax(softmax):
     import torch
     from common.env import current
     device = current().device
-    rng = random.Random()
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
     cases = _softmax_cases(rng)
     for rows, cols, scale, offset, strided in cases:
-        x0 = torch.randn(rows, cols, device=device) * scale + offset
+        x0 = torch.randn(rows, cols, generator=gen).to(device) * scale + offset
         if strided:  # rows further apart than cols: the kernel must use the row stride, not assume cols
             wide, wide_buf = _guarded(torch.randn(rows, cols + 64, device=device), fill=float("nan"))
             x = wide[:, :cols]
@@ -197,10 +243,14 @@ def check_softmax(softmax):
             x, _ = _guarded(x0, fill=float("nan"))
         out, out_buf = _guarded_out((rows, cols), device)
         where = (f"softmax of a {rows}x{cols} matrix" + (f" with values around {offset:.0f} +- {scale:.0f}"
-                                                          if offset else "") + (" (a strided view)" if strided else ""))
-        ret = _call(softmax, x, out)
+                                                          if offset else "") + (" (a strided view)" if strided else "")
+                 + f" (seed {seed})")
+        with _RecordLaunches() as launches:
+            ret = _call(softmax, x, out)
         got = out if ret is None else ret
+        grids = [lc["grid"] for lc in launches if lc["grid"] is not None]
         expect(isinstance(got, torch.Tensor), f"{where}: returned {type(got).__name__}, expected the tensor out")
+        expect(torch.equal(x, x0), f"{where}: the input x was modified -- write only into out")
         _expect_guard_intact(out_buf, rows * cols, where, "The block is wider than a row (a power of two >= cols): "
                                                           "mask the store with `cols < n_cols`.")
         if bool((out == SENTINEL).any()):
@@ -212,6 +262,8 @@ def check_softmax(softmax):
         if strided and not torch.allclose(got.double(), expected, rtol=1e-5, atol=1e-6):
             fail(f"{where}: wrong on a strided view (row stride {x.stride(0)}, {cols} columns) although the rows are "
                  f"contiguous: step between rows with x.stride(0), not with the number of columns")
+        if grids and grids[-1][0] != rows:  # right numbers from another design: the exercise asks for this one
+            fail(f"{where}: launched a grid of {grids[-1]} for {rows} rows -- one program per row: grid = (n_rows,)")
         expect_close(got, expected, where, rtol=1e-5, atol=1e-6)
     return (f"matches torch.softmax over rows for {len(cases)} shapes (columns not a power of two, large values, a "
             f"strided view)")

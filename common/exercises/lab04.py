@@ -21,13 +21,15 @@ TOL = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 3e-2, "float16": 1e-2}
 def check_standard_attention_bytes(standard_bytes):
     """standard_bytes(seq_len, head_dim, elem_bytes) -> HBM bytes of one head of standard attention (Algorithm 0)."""
     from common.attention import standard_io_bytes
-    rng = random.Random()
-    cases = [(1024, 64, 2), (4096, 128, 2)] + [
-        (rng.randint(1, 20000), rng.choice([32, 64, 80, 128, 256]), rng.choice([1, 2, 4])) for _ in range(5)]
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    # every element size accepted gets a fixed case (asymmetric: N != d, so no two mistakes give one number)
+    cases = [(1024, 64, 2), (4096, 128, 2), (3000, 80, 4), (777, 32, 1)] + [
+        (rng.randint(1, 20000), rng.choice([32, 64, 80, 128, 256]), rng.choice([1, 2, 4])) for _ in range(4)]
     for n, d, b in cases:
         got = standard_bytes(n, d, b)
         expected = standard_io_bytes(n, d, b)
-        where = f"standard_bytes(seq_len={n}, head_dim={d}, elem_bytes={b})"
+        where = f"standard_bytes(seq_len={n}, head_dim={d}, elem_bytes={b}) (seed {seed})"
         expect(got is not None, f"{where} returned None -- return the number of bytes")
         if got == b * (4 * n * d + 2 * n * n):
             fail(f"{where} = {got}: you counted the N x N matrices S and P once each; each is written to HBM and "
@@ -65,19 +67,25 @@ def check_online_softmax(online_softmax_stats):
     """online_softmax_stats(blocks) -> (m, l): running max and sum of exp(x - m) over an iterable of column blocks."""
     import torch
     from common.checks import expect_close
-    rng = random.Random()
-    # small values whose max grows block after block (rows sorted ascending), then large values (exp(x) overflows)
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    # small values whose max grows block after block (rows sorted ascending), one block, large values (exp(x)
+    # overflows), and the max in the FIRST block (rows sorted descending: a running max that is overwritten by each
+    # block's max, not kept, fails there); the blocks come from a one-shot generator
     cases = [(rng.randint(2, 6), rng.randint(130, 300), rng.choice([16, 32, 64]), 1.0, True),
              (rng.randint(2, 6), rng.randint(2, 15), 16, 1.0, False),
-             (rng.randint(2, 6), rng.randint(100, 300), rng.choice([17, 32, 50]), 40.0, True)]
+             (rng.randint(2, 6), rng.randint(100, 300), rng.choice([17, 32, 50]), 40.0, True),
+             (rng.randint(2, 6), rng.randint(100, 200), rng.choice([16, 32]), 1.0, "descending")]
     for rows, n, block, scale, ascending in cases:
-        x = torch.randn(rows, n, dtype=torch.float64) * scale
+        x = torch.randn(rows, n, dtype=torch.float64, generator=gen) * scale
         if ascending:
-            x = x.sort(dim=-1).values
+            x = x.sort(dim=-1, descending=ascending == "descending").values
         x32 = x.float()
         x64 = x32.double()
         m_ref, l_ref = x64.amax(-1), torch.exp(x64 - x64.amax(-1, keepdim=True)).sum(-1)
-        where = f"{rows} rows x {n} columns in blocks of {block}" + (", large values" if scale > 10 else "")
+        where = (f"{rows} rows x {n} columns in blocks of {block}" + (", large values" if scale > 10 else "")
+                 + (", the max in the first block" if ascending == "descending" else "") + f" (seed {seed})")
         out = online_softmax_stats(_blocks(x32, block))
         expect(isinstance(out, (tuple, list)) and len(out) == 2,
                f"return a pair (m, l) -- the running max and the sum; got {type(out).__name__}")
@@ -85,6 +93,9 @@ def check_online_softmax(online_softmax_stats):
         expect(m.shape == m_ref.shape and l.shape == l_ref.shape,
                f"m and l need one value per row, shape {tuple(m_ref.shape)}; got {tuple(m.shape)} and "
                f"{tuple(l.shape)}")
+        if ascending == "descending" and not torch.allclose(m, m_ref, rtol=1e-6):
+            fail(f"for {where} m is not the row max: keep the running max, m = max(m, block max) -- a later block "
+                 f"with smaller values must not replace it")
         expect_close(m, m_ref, f"running max m ({where})", rtol=1e-6)
         if not torch.isfinite(l).all():
             fail(f"the sum l is inf/NaN for {where}: exp overflowed -- subtract the running max before exp "
@@ -173,28 +184,49 @@ def _diagnose(fn, case, got, tol, make_inputs, block_hint):
     return None
 
 
-def _random_inputs(b, h, n, d, dtype, device, scale=1.0):
+def _random_inputs(b, h, n, d, dtype, device, scale=1.0, gen=None):
     """q, k, v of shape (b, h, n, d), each a view into a buffer followed by NaN padding: a kernel that reads past
     the end of a tensor reads NaN (and fails its check) instead of another allocation's memory."""
     import torch
     size, pad = b * h * n * d, 256 * 256
     out = []
     for s in (scale, 1.0, 1.0):
-        buf = torch.randn(size + pad, dtype=dtype, device=device)
+        buf = torch.randn(size + pad, generator=gen).to(device=device, dtype=dtype)
         buf[:size] *= s
         buf[size:] = float("nan")
         out.append(buf[:size].view(b, h, n, d))
     return tuple(out)
 
 
-def _check_attention(fn, cases, dtype, device, block_hint, label):
+def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=None):
+    """`tiles` = (block_m, block_n): also check that no (N, N) tensor is formed and that the score tiles are at most
+    block_m x block_n (a BLOCK_M / BLOCK_N mix-up gives block_n x block_m tiles)."""
+    import torch
     from common.attention import reference_attention
     tol = TOL[str(dtype).replace("torch.", "")]
+    gen = torch.Generator().manual_seed(seed)
     for b, h, n, d, causal, large in cases:
-        q, k, v = _random_inputs(b, h, n, d, dtype, device, scale=100.0 if large else 1.0)
+        q, k, v = _random_inputs(b, h, n, d, dtype, device, scale=100.0 if large else 1.0, gen=gen)
         where = (f"B={b}, H={h}, N={n}, d={d}, {'causal' if causal else 'non-causal'}, "
-                 f"{str(dtype).replace('torch.', '')}" + (", large scores" if large else ""))
-        got = fn(q, k, v, causal)
+                 f"{str(dtype).replace('torch.', '')}" + (", large scores" if large else "") + f" (seed {seed})")
+        copies = [t.clone() for t in (q, k, v)]
+        if tiles:
+            guard = _full_matrix_guard(n, n, max(tiles), record_tiles=d)
+            with guard:
+                got = fn(q, k, v, causal)
+            if guard.seen:
+                fail(f"{where}: {guard.seen[0]} produced a tensor of shape {guard.seen[1]}: the N x N matrix was "
+                     f"formed -- loop over blocks of block_n keys")
+            big = [s for s in guard.tiles if s[-2] > tiles[0] or s[-1] > tiles[1]]
+            if big:
+                fail(f"{where}: a score tile of shape {big[0][-2:]} with block_m={tiles[0]}, block_n={tiles[1]}: "
+                     f"S tiles must be (at most) block_m query rows x block_n keys -- are block_m and block_n "
+                     f"swapped?")
+        else:
+            got = fn(q, k, v, causal)
+        for name, t, c in zip("qkv", (q, k, v), copies):
+            expect(torch.equal(t, c) or (torch.isnan(t) == torch.isnan(c)).all() and torch.equal(
+                t.nan_to_num(), c.nan_to_num()), f"{where}: {label} modified its input {name} in place")
         expect(got is not None, f"{label} returned None for {where} -- return the output tensor")
         expect(tuple(got.shape) == (b, h, n, d), f"output shape for {where}: expected {(b, h, n, d)}, "
                                                  f"got {tuple(got.shape)}")
@@ -203,7 +235,8 @@ def _check_attention(fn, cases, dtype, device, block_hint, label):
         if err < tol:
             continue
         case = {"q": q, "k": k, "v": v, "causal": causal, "large": large}
-        why = _diagnose(fn, case, got.detach().to("cpu", ref.dtype), tol, _random_inputs, block_hint)
+        why = _diagnose(fn, case, got.detach().to("cpu", ref.dtype), tol,
+                        lambda *a: _random_inputs(*a, gen=gen), block_hint)
         from common.checks import expect_close
         if why:
             fail(f"{where}: {why}")
@@ -219,8 +252,9 @@ def _check_attention(fn, cases, dtype, device, block_hint, label):
 def check_tiled_attention(tiled_attention):
     """tiled_attention(q, k, v, block_m, block_n, causal) -> O, never forming the N x N matrix."""
     import torch
-    rng = random.Random()
-    bm, bn = rng.choice([32, 64]), rng.choice([16, 32])
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    bm, bn = rng.choice([32, 64]), 16  # block_m > block_n always, and neither equals d = 32 in the first case
 
     def fn(q, k, v, causal):
         return tiled_attention(q, k, v, bm, bn, causal)
@@ -229,7 +263,7 @@ def check_tiled_attention(tiled_attention):
     cases = [(1, 2, 4 * 32, 32, False, False), (2, 1, n_odd, 64, False, False),
              (1, 2, 4 * 32, 32, True, False), (1, 1, rng.randint(65, 130), 64, True, False),
              (1, 1, rng.randint(65, 100), 32, False, True)]
-    count = _check_attention(fn, cases, torch.float32, "cpu", (bn, 32), "tiled_attention")
+    count = _check_attention(fn, cases, torch.float32, "cpu", (bn, 32), "tiled_attention", seed, tiles=(bm, bn))
     return f"matches SDPA (float32, relative error < 1e-4) in {count} cases: causal, non-causal, N not a multiple " \
            f"of the blocks, large scores"
 
@@ -241,7 +275,8 @@ def check_tiled_attention(tiled_attention):
 def check_triton_forward(flash_forward):
     """flash_forward(q, k, v, causal) -> O from your Triton kernel; float32 on a CPU, bf16 and fp16 on a GPU."""
     import torch
-    rng = random.Random()
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
     if torch.cuda.is_available():
         device, dtypes = "cuda", (torch.bfloat16, torch.float16)
         n_odd = rng.choice([x for x in range(600, 1500) if x % 128])
@@ -257,7 +292,144 @@ def check_triton_forward(flash_forward):
         hint = (64, 64)
     total = 0
     for dtype in dtypes:
-        total += _check_attention(flash_forward, cases, dtype, device, hint, "flash_forward")
+        total += _check_attention(flash_forward, cases, dtype, device, hint, "flash_forward", seed)
     names = "/".join(str(d).replace("torch.", "") for d in dtypes)
     return f"matches SDPA ({names}) in {total} cases: causal, non-causal, head dims 64 and 128, N not a " \
            f"multiple of the block"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4.5 the backward pass in PyTorch, tiled
+
+def _full_matrix_guard(n_q, n_k, limit, record_tiles=None):
+    """A TorchFunctionMode that records the shapes of every tensor produced and flags one with an (n_q, n_k) tail;
+    with `record_tiles=d` it also keeps the shapes of matmul results whose last dim is not d (the score tiles)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class Guard(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = None
+            self.tiles = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            name = getattr(func, "__name__", "")
+            if record_tiles and name in ("matmul", "__matmul__", "bmm", "einsum", "mm") and \
+                    isinstance(out, torch.Tensor) and out.dim() >= 2 and out.shape[-1] != record_tiles:
+                self.tiles.append(tuple(out.shape))
+            for t in outs:
+                if (self.seen is None and isinstance(t, torch.Tensor) and t.dim() >= 2
+                        and t.shape[-2] > limit and t.shape[-1] > limit and t.shape[-2:] == (n_q, n_k)):
+                    self.seen = (getattr(func, "__name__", str(func)), tuple(t.shape))
+            return out
+    return Guard()
+
+
+def _bwd_variant(q, k, v, do, causal, scale, bm, bn, mistake=None):
+    """Gradients of attention in float64 with full matrices, right or with one named mistake (for the diagnosis)."""
+    import torch
+    q, k, v, do = (t.detach().double() for t in (q, k, v, do))
+    n_q, n_k = q.shape[2], k.shape[2]
+    s = (q @ k.transpose(-2, -1)) * scale
+    i = torch.arange(n_q)[:, None]
+    j = torch.arange(n_k)[None, :]
+    keep = torch.ones(n_q, n_k, dtype=torch.bool)
+    if causal:
+        keep = j <= i
+        if mistake == "diagonal":
+            keep = j < i
+        elif mistake == "tile_mask":  # blocks above the diagonal skipped, but no mask inside the diagonal blocks
+            keep = (j // bn) * bn <= (i // bm) * bm + bm - 1
+    lse = torch.logsumexp(s.masked_fill(~(j <= i) if causal else torch.zeros_like(keep), float("-inf")), -1)
+    if mistake == "block_max":  # P = exp(S - the max of its key block) instead of exp(S - L)
+        m = torch.cat([s[..., c:c + bn].masked_fill(~keep[:, c:c + bn], float("-inf")).amax(-1, keepdim=True)
+                       .expand(*s.shape[:-1], min(bn, n_k - c)) for c in range(0, n_k, bn)], -1)
+        p = torch.exp(s - m.nan_to_num(neginf=0.0))
+    else:
+        p = torch.exp(s - lse[..., None])
+    p = p.masked_fill(~keep, 0.0)
+    o = torch.softmax(s.masked_fill(~(j <= i) if causal else torch.zeros_like(keep), float("-inf")), -1) @ v
+    dv = p.transpose(-2, -1) @ do
+    dp = do @ v.transpose(-2, -1)
+    delta = (do * o).sum(-1, keepdim=True)
+    ds = p * dp if mistake == "no_delta" else p * (dp - delta)
+    sc = 1.0 if mistake == "no_scale" else scale
+    return ds @ k * sc, ds.transpose(-2, -1) @ q * sc, dv
+
+
+_BWD_MISTAKES = {
+    "no_delta": "dS = P * dP: D = rowsum(dO * O) is missing -- dS = P * (dP - D), the softmax's Jacobian needs it",
+    "block_max": "P was recomputed with the max of each key block, not from L: P = exp(S - L) with the forward's "
+                 "logsumexp (the block's max gives unnormalised, block-dependent P)",
+    "diagonal": "the causal mask drops the diagonal: query i sees key i (keep j <= i, not j < i)",
+    "tile_mask": "on the diagonal blocks the causal mask is missing: skipping the blocks above the diagonal is not "
+                 "enough, mask key j > query i inside the blocks that cross it",
+    "no_scale": "dQ and dK lack the softmax scale: S = Q K^T * scale, so dQ = dS K * scale and dK = dS^T Q * scale",
+}
+
+
+@checker("4.5", "tiled attention backward in PyTorch")
+def check_tiled_backward(tiled_backward):
+    """tiled_backward(q, k, v, o, lse, do, block_m, block_n, causal) -> (dq, dk, dv), never forming the N x N
+    matrix, checked against autograd through SDPA (float64) on float32 inputs."""
+    import torch
+    import torch.nn.functional as F
+    from common.checks import expect_close
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    tol = TOL["float32"]
+    n_odd = rng.choice([x for x in range(70, 140) if x % 32 and x % 16 and x % 48])
+    # (B, H, N, d, block_m, block_n, causal): blocks unequal both ways, N not a multiple of either block
+    cases = [(1, 2, 96, 32, 32, 16, False), (2, 1, n_odd, 16, 16, 32, False), (1, 2, 96, 32, 32, 16, True),
+             (1, 1, n_odd, 32, 16, 48, True), (1, 1, rng.randint(40, 90), 16, rng.choice([16, 32]),
+                                               rng.choice([8, 16, 24]), rng.random() < 0.5)]
+    for b, h, n, d, bm, bn, causal in cases:
+        q, k, v, do = (torch.randn(b, h, n, d, generator=gen) for _ in range(4))
+        where = (f"B={b}, H={h}, N={n}, d={d}, block_m={bm}, block_n={bn}, "
+                 f"{'causal' if causal else 'non-causal'} (seed {seed})")
+        q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+        o64 = F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal)
+        o64.backward(do.double())
+        scale = d ** -0.5
+        s = (q.double() @ k.double().transpose(-2, -1)) * scale
+        if causal:
+            s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        o, lse = o64.detach().float(), torch.logsumexp(s, -1).float()
+        inputs = (q, k, v, o, lse, do)
+        copies = [t.clone() for t in inputs]
+        guard = _full_matrix_guard(n, n, max(bm, bn))
+        with guard:
+            out = tiled_backward(q, k, v, o, lse, do, bm, bn, causal)
+        expect(isinstance(out, (tuple, list)) and len(out) == 3,
+               f"tiled_backward(...) for {where} must return a tuple (dq, dk, dv); got {type(out).__name__}"
+               + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""))
+        for name, t in zip(("q", "k", "v", "o", "lse", "do"), inputs):
+            expect(torch.equal(t, copies[("q", "k", "v", "o", "lse", "do").index(name)]),
+                   f"{where}: your function modified its input {name} in place -- compute into new tensors")
+        if guard.seen:
+            fail(f"{where}: {guard.seen[0]} produced a tensor of shape {guard.seen[1]}: the N x N matrix was "
+                 f"formed -- work on (block_m x block_n) tiles of S and P only")
+        got = [torch.as_tensor(t).detach().double() for t in out]
+        refs = (q64.grad, k64.grad, v64.grad)
+        for g, r, name in zip(got, refs, ("dq", "dk", "dv")):
+            expect(tuple(g.shape) == tuple(r.shape), f"{name} for {where}: expected shape {tuple(r.shape)}, got "
+                                                     f"{tuple(g.shape)}")
+        errs = [_rel_err(g, r) for g, r in zip(got, refs)]
+        if max(errs) < tol:
+            continue
+        for mistake, message in _BWD_MISTAKES.items():
+            if mistake in ("diagonal", "tile_mask") and not causal:
+                continue
+            wrong = _bwd_variant(q, k, v, do, causal, scale, bm, bn, mistake)
+            if all(_rel_err(g, w) < tol for g, w in zip(got, wrong)):
+                fail(f"{where}: {message}")
+        for g, r, name, e in zip(got, refs, ("dq", "dk", "dv"), errs):
+            if e >= tol:
+                expect_close(g, r, f"{name} for {where} (relative error {e:.3g}, allowed {tol:g})", rtol=tol,
+                             atol=tol * float(r.abs().max()))
+    return (f"dQ, dK, dV match autograd through SDPA in {len(cases)} cases (causal and not, block_m != block_n, N not "
+            f"a multiple of either block), never forming the N x N matrix, inputs untouched")
