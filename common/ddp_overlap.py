@@ -112,13 +112,17 @@ def ddp_overlap_worker(rank: int, world_size: int, layers: int = 8, hidden: int 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    from common.distributed import synchronize, worker_device
+
     torch.set_num_threads(threads)
-    model = make_mlp(layers, hidden)
+    dev = worker_device()  # the rank's GPU under NCCL, else the CPU
+    model = make_mlp(layers, hidden).to(dev)
     params = list(model.parameters())
     reducer = BucketedAllReduce(params, bucket_mb)
-    ddp = DistributedDataParallel(make_mlp(layers, hidden), bucket_cap_mb=bucket_mb)
+    ddp = DistributedDataParallel(make_mlp(layers, hidden).to(dev), bucket_cap_mb=bucket_mb,
+                                  device_ids=[dev.index] if dev.type == "cuda" else None)
     g = torch.Generator().manual_seed(100 + rank)
-    x, y = torch.randn(batch, hidden, generator=g), torch.randn(batch, hidden, generator=g)
+    x, y = torch.randn(batch, hidden, generator=g).to(dev), torch.randn(batch, hidden, generator=g).to(dev)
 
     def backward(m):
         m.zero_grad(set_to_none=False)
@@ -150,8 +154,9 @@ def ddp_overlap_worker(rank: int, world_size: int, layers: int = 8, hidden: int 
     err = max(float((p.grad - r).abs().max()) for p, r in zip(params, ref))
     with_ddp()
     err_ddp = max(float((p.grad - r).abs().max()) for p, r in zip(ddp.module.parameters(), ref))
-    t = time_round_robin({"compute_s": compute, "comm_s": comm, "serial_s": serial, "overlap_s": overlapped,
-                          "ddp_s": with_ddp}, repeats, dist.barrier)
+    fns = {"compute_s": compute, "comm_s": comm, "serial_s": serial, "overlap_s": overlapped, "ddp_s": with_ddp}
+    t = time_round_robin({k: (lambda f=f: (f(), synchronize())) for k, f in fns.items()}, repeats,
+                         lambda: (synchronize(), dist.barrier()))
     return {**t, "grad_err": err, "ddp_grad_err": err_ddp, "buckets": len(reducer.buckets),
             "grad_mb": sum(p.numel() * p.element_size() for p in params) / 2**20}
 
