@@ -18,8 +18,8 @@ keeps them), which is what NCCL's in-order point-to-point matching also requires
 DualPipe holds two copies of the model (rank r: stage r of direction 0, stage pp-1-r of direction 1); direction 0
 takes the first half of the micro-batches, direction 1 the second; a stage's gradient is the sum of its two copies'.
 
-Measured per rank: busy time (inside ops, sends included, receives excluded), idle time (the step's wall clock minus
-busy), each op kind's median time, and the peak bytes of activations saved for backward (autograd's
+Measured per rank, in the median of `repeats` steps (after a warm-up step): busy time (inside ops, sends included,
+receives excluded), idle time (the step's wall clock minus busy); each op kind's median time over all steps; and the peak bytes of activations saved for backward (autograd's
 saved-tensor hooks, counted from a forward until its input-gradient backward, as the simulator counts them). The
 gradients are compared with one process running the whole batch through the whole model.
 """
@@ -175,7 +175,7 @@ def pipeline_worker(rank: int, world_size: int, schedules, micro_batches: int, b
     return out
 
 
-def _one_way_time(rank, world_size, rows, hidden, repeats=20):
+def _one_way_time(rank, world_size, rows, hidden, repeats=30):
     """Half the median round trip of one activation between ranks 0 and 1 (the others wait)."""
     import torch
     import torch.distributed as dist
@@ -318,8 +318,9 @@ def _run_one(rank, world_size, schedule, micro_batches, batch, blocks, hidden, r
     ends = torch.tensor([r[1] for r in runs], dtype=torch.float64)
     dist.all_reduce(ends, op=dist.ReduceOp.MAX)  # a step ends when its last rank ends
     steps = [(spans, float(ends[i]), peak) for i, (spans, _, peak, _) in enumerate(runs)][1:]
-    best = min(range(len(steps)), key=lambda i: steps[i][1])  # the least disturbed step (this machine is shared)
-    spans, makespan, peak = steps[best]
+    order = sorted(range(len(steps)), key=lambda i: steps[i][1])
+    spans, makespan, peak = steps[order[len(order) // 2]]  # the median step (the same one on every rank)
+    all_spans = [sp for st in steps for sp in st[0]]  # op times: medians over every timed step
     ranked = sorted(s[1] for s in steps)
     one_item = []
     # the whole model's gradient: each rank adds its stages' (both copies under DualPipe), then a sum over ranks
@@ -339,8 +340,8 @@ def _run_one(rank, world_size, schedule, micro_batches, batch, blocks, hidden, r
         stage_forward(next(iter(mine.values())), x)
     return {"rank": rank, "spans": spans, "makespan": makespan, "step_times": ranked, "busy": sum(e - s for s, e, _ in spans),
             "peak_bytes": peak, "stage_bytes": sum(one_item), "grad_err": grad_err,
-            "op_median": {k: statistics.median([e - s for s, e, kk in spans if kk == k])
-                          for k in {kk for _, _, kk in spans}}}
+            "op_median": {k: statistics.median([e - s for s, e, kk in all_spans if kk == k])
+                          for k in {kk for _, _, kk in all_spans}}}
 
 
 # ----------------------------------------------------------------------------------------------- the parent
