@@ -10,9 +10,10 @@ its time: that is the F&B of the pipeline simulator (`common.pipeline.Durations(
 
 The measurement. `cpu_overlap_worker` (run with `common.distributed.run_workers`, gloo) times a matmul, a gloo
 all-reduce, the two serialised, and the two overlapped (the all-reduce launched asynchronously, the matmul run while
-it is in flight). `cuda_stream_overlap` does the same on one GPU with two CUDA streams: a matmul on one and a
-device-to-host copy (the PCIe copy engine standing in for the network) on the other. Speedup = serial / overlapped;
-the ideal is (a + b) / max(a, b).
+it is in flight), each timed in turns with the others. `cuda_stream_overlap` does the same on one GPU with two CUDA
+streams: a matmul on one and a device-to-host copy (the PCIe copy engine standing in for the network) on the other.
+Speedup = (a + b) / overlapped, the serial baseline being the sum of the parts timed alone the same way; the ideal is (a + b) / max(a, b). `common.ddp_overlap` does the same for a data-parallel
+training step (bucketed all-reduce overlapped with the backward pass).
 """
 from __future__ import annotations
 
@@ -170,15 +171,19 @@ def plot_pair(costs: ChunkCosts, ax=None):
 
 
 # ----------------------------------------------------------------------------------------------- measured
-def _median_time(fn, repeats: int, barrier=None) -> float:
-    times = []
+def time_round_robin(fns: dict, repeats: int, before=None) -> dict:
+    """Median seconds of each function in `fns`, timed in turns (one call of each per round, `repeats` rounds), so
+    that every variant sees the same drift in the machine's load; `before()` (a barrier, a sync) runs before each
+    call, outside the timed region."""
+    times = {name: [] for name in fns}
     for _ in range(repeats):
-        if barrier:
-            barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            if before:
+                before()
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def cpu_overlap_worker(rank: int, world_size: int, matmul_n: int = 384, allreduce_elements: int = 2**21,
@@ -186,8 +191,8 @@ def cpu_overlap_worker(rank: int, world_size: int, matmul_n: int = 384, allreduc
     """Inside a gloo process group: seconds (median) of a matmul, an all-reduce, both serialised and both overlapped.
 
     Overlapped: `dist.all_reduce(x, async_op=True)` starts the all-reduce on gloo's own thread, the matmul runs on the
-    caller's thread, then `work.wait()`. Returns a dict of medians for this rank and a check that the all-reduce was
-    right.
+    caller's thread, then `work.wait()`. The four are timed in turns (`time_round_robin`). Returns a dict of medians
+    for this rank and a check that the all-reduce was right.
     """
     import torch
     import torch.distributed as dist
@@ -220,10 +225,9 @@ def cpu_overlap_worker(rank: int, world_size: int, matmul_n: int = 384, allreduc
     dist.all_reduce(x)
     expected = world_size * (world_size + 1) / 2
     correct = bool(torch.allclose(x, torch.full_like(x, expected)))
-    out = {"correct": correct}
-    for name, f in (("matmul_s", mm), ("allreduce_s", ar), ("serial_s", serial), ("overlapped_s", overlapped)):
-        out[name] = _median_time(f, repeats, dist.barrier)
-    return out
+    t = time_round_robin({"matmul_s": mm, "allreduce_s": ar, "serial_s": serial, "overlapped_s": overlapped},
+                         repeats, dist.barrier)
+    return {"correct": correct, **t}
 
 
 def measure_cpu_overlap(world_size: int = 2, matmul_n: int = 384, allreduce_elements: int = 2**21,
@@ -239,9 +243,20 @@ def measure_cpu_overlap(world_size: int = 2, matmul_n: int = 384, allreduce_elem
 
 
 def _with_speedups(t: dict, comm_key: str) -> dict:
+    """Add the speed-up of the overlapped run over the serial baseline and the ideal one.
+
+    The serial baseline is the sum of the two parts, each timed alone the same way (`sum_s` = a + b): running them
+    back to back (`serial_s`) is reported beside it but not used, because a back-to-back run pays extra costs of its
+    own (the all-reduce's wake-up after a matmul, caches), which would credit the overlap with a gain it did not make.
+    speedup = (a + b) / overlapped; ideal = (a + b) / max(a, b): overlap cannot do better than hiding the shorter
+    part completely, so a speedup above the ideal means the parts were slower alone than together (noise, or a
+    shared core that one of them left idle) -- `beats_ideal_by` says by how much.
+    """
     a, b = t["matmul_s"], t[comm_key]
-    t["speedup"] = t["serial_s"] / t["overlapped_s"]
+    t["sum_s"] = a + b
+    t["speedup"] = t["sum_s"] / t["overlapped_s"]
     t["ideal_speedup"] = (a + b) / max(a, b)
+    t["beats_ideal_by"] = t["speedup"] / t["ideal_speedup"] - 1
     return t
 
 
@@ -280,20 +295,15 @@ def cuda_stream_overlap(matmul_n: int = 8192, copy_bytes: int = 2**30, repeats: 
         main.wait_stream(side)
 
     def timed(fn):
-        times = []
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return time_round_robin({"f": lambda: (fn(), torch.cuda.synchronize())}, repeats, torch.cuda.synchronize)["f"]
 
     for f in (mm, copy, serial, overlapped):
         f()
     torch.cuda.synchronize()
     iters[0] = max(1, round(timed(copy) / timed(mm)))  # balance the two, so that overlap can halve the time
-    out = {"matmul_iters": iters[0], "matmul_s": timed(mm), "copy_s": timed(copy), "serial_s": timed(serial), "overlapped_s": timed(overlapped)}
+    synced = {name: (lambda f=f: (f(), torch.cuda.synchronize()))
+              for name, f in (("matmul_s", mm), ("copy_s", copy), ("serial_s", serial), ("overlapped_s", overlapped))}
+    out = {"matmul_iters": iters[0], **time_round_robin(synced, repeats, torch.cuda.synchronize)}
     ok = torch.equal(dst[:1024].to(dev), src[:1024])
     if not ok:
         raise RuntimeError("the device-to-host copy is wrong: the overlap measurement is void")

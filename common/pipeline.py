@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 SCHEDULES = ("gpipe", "1f1b", "zb1p", "dualpipe")   # the four of DeepSeek's README table (GPipe added)
 ALL_SCHEDULES = SCHEDULES + ("dualpipev",)
+INTERLEAVED = "interleaved"   # Megatron's interleaved 1F1B (virtual stages): build(INTERLEAVED, pp, m, virtual_stages)
 KIND_COLORS = {"F": "#1f77b4", "B": "#2ca02c", "Bi": "#98df8a", "W": "#ff7f0e", "FB": "#9467bd"}
 KIND_NAMES = {"F": "forward F", "B": "full backward B", "Bi": "backward for inputs B-W", "W": "backward for weights W",
               "FB": "overlapped F&B"}
@@ -161,6 +162,50 @@ def zb1p(pp: int, micro_batches: int) -> Schedule:
     return _single("zb1p", pp, micro_batches, ops)
 
 
+def interleaved_order(pp: int, micro_batches: int, rank: int, virtual_stages: int) -> list:
+    """Megatron-LM's interleaved 1F1B order of one rank as (kind, chunk, micro_batch) with kind "F" or "B" and chunk
+    0..virtual_stages-1 (chunk c of rank r is model stage c * pp + r).
+
+    Forwards go through the rank's chunks in groups of pp micro-batches (chunk 0 for micro-batches 0..pp-1, chunk 1
+    for the same ones, ...), backwards likewise from the last chunk; warm-up (pp - rank - 1) * 2 + (v - 1) * pp
+    forwards, then one forward and one backward alternately, then the remaining backwards
+    (megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving).
+    """
+    v, total = virtual_stages, micro_batches * virtual_stages
+
+    def item(k, forward):
+        group, within = divmod(k, pp * v)
+        chunk = within // pp
+        return (group * pp + within % pp, chunk if forward else v - 1 - chunk)
+
+    warm = min((pp - rank - 1) * 2 + (v - 1) * pp, total)
+    order = [("F", *reversed(item(k, True))) for k in range(warm)]
+    for k in range(total - warm):
+        order.append(("F", *reversed(item(warm + k, True))))
+        order.append(("B", *reversed(item(k, False))))
+    order += [("B", *reversed(item(k, False))) for k in range(total - warm, total)]
+    return order
+
+
+def interleaved_1f1b(pp: int, micro_batches: int, virtual_stages: int = 2) -> Schedule:
+    """Megatron's interleaved 1F1B: the model in pp * v stages, rank r holding stages r, r + pp, ..., r + (v-1) pp
+    (v "virtual stages", each 1/v of a 1F1B stage: `stage_fraction` 1/v, so give it 1/v of the F, B, W times).
+    Bubble (pp - 1)(F + B) / v in full-stage times, i.e. a fraction (pp - 1) / (v m) of the ideal step; activations
+    pp + (pp - 1) / v stage-equivalents on rank 0. Needs micro_batches a multiple of pp (as Megatron does)."""
+    _check_pp(pp)
+    _check_m(micro_batches)
+    v = virtual_stages
+    if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+        raise ValueError(f"virtual_stages={v!r} is not a number of model chunks per rank; allowed: an integer >= 2 "
+                         f"(v = 1 is plain 1F1B)")
+    if micro_batches % pp:
+        raise ValueError(f"micro_batches={micro_batches!r}: interleaved 1F1B needs a multiple of pp = {pp} "
+                         f"(micro-batches go through each chunk in groups of pp)")
+    ops = [[((k, 0, c * pp + r, j),) for k, c, j in interleaved_order(pp, micro_batches, r, v)] for r in range(pp)]
+    placement = {(0, s): s % pp for s in range(pp * v)}
+    return Schedule("interleaved", pp, pp * v, micro_batches, 1, placement, ops, stage_fraction=1 / v)
+
+
 def check_dualpipe_args(pp, micro_batches) -> None:
     """DualPipe needs an even pp >= 2 and an even number of micro-batches >= 2 * pp (half enter at each end)."""
     _check_pp(pp)
@@ -273,11 +318,14 @@ def _eight_steps(chunks, h, n, m, middle):
     return order
 
 
-def build(name: str, pp: int, micro_batches: int) -> Schedule:
-    """A schedule by name: one of ALL_SCHEDULES. For DualPipe, `micro_batches` counts both directions together."""
+def build(name: str, pp: int, micro_batches: int, virtual_stages: int = 2) -> Schedule:
+    """A schedule by name: one of ALL_SCHEDULES or "interleaved" (Megatron's interleaved 1F1B with
+    `virtual_stages` chunks per rank). For DualPipe, `micro_batches` counts both directions together."""
     makers = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb1p": zb1p, "dualpipe": dualpipe, "dualpipev": dualpipev}
+    if name == INTERLEAVED:
+        return interleaved_1f1b(pp, micro_batches, virtual_stages)
     if name not in makers:
-        raise ValueError(f"schedule={name!r} is not a schedule; allowed: {', '.join(ALL_SCHEDULES)}")
+        raise ValueError(f"schedule={name!r} is not a schedule; allowed: {', '.join(ALL_SCHEDULES + (INTERLEAVED,))}")
     return makers[name](pp, micro_batches)
 
 
@@ -516,16 +564,26 @@ def simulate(schedule: Schedule, durations: Durations | None = None, check: bool
     return Result(schedule, dur, makespan, busy, idle, peaks, params, spans)
 
 
-def run(name: str, pp: int, micro_batches: int, durations: Durations | None = None) -> Result:
+def run(name: str, pp: int, micro_batches: int, durations: Durations | None = None,
+        virtual_stages: int = 2) -> Result:
     """build + simulate in one call."""
-    return simulate(build(name, pp, micro_batches), durations)
+    return simulate(build(name, pp, micro_batches, virtual_stages), durations)
+
+
+def fb_pairs(result_or_schedule) -> list:
+    """Per device: how many of its operations are overlapped F&B pairs (DualPipe's steady state)."""
+    sched = getattr(result_or_schedule, "schedule", result_or_schedule)
+    return [sum(1 for op in ops if len(op) == 2) for ops in sched.ops]
 
 
 # ----------------------------------------------------------------------------------------------- formulas
-def bubble_formula(name: str, pp: int, durations: Durations | None = None) -> float:
-    """Bubble per device by formula (DeepSeek DualPipe README; GPipe as 1F1B), in the unit of the durations."""
+def bubble_formula(name: str, pp: int, durations: Durations | None = None, virtual_stages: int = 2) -> float:
+    """Bubble per device by formula (DeepSeek DualPipe README; GPipe as 1F1B), in the unit of the durations.
+    Interleaved 1F1B (Megatron, Narayanan et al. 2021): (pp-1)(F+B)/v with F, B the times of a full (1/pp) stage."""
     d = durations or Durations()
     _check_pp(pp)
+    if name == INTERLEAVED:
+        return (pp - 1) * (d.F + d.B) / virtual_stages
     if name in ("gpipe", "1f1b"):
         return (pp - 1) * (d.F + d.B)
     if name == "zb1p":
@@ -537,12 +595,18 @@ def bubble_formula(name: str, pp: int, durations: Durations | None = None) -> fl
     raise ValueError(f"schedule={name!r} is not a schedule; allowed: {', '.join(SCHEDULES)}")
 
 
-def memory_formula(name: str, pp: int, micro_batches: int | None = None) -> dict:
+def memory_formula(name: str, pp: int, micro_batches: int | None = None, virtual_stages: int = 2) -> dict:
     """Parameter (x one stage) and peak activation (x one micro-batch through one stage) memory per device.
 
     README table: 1F1B and ZB1P 1x / PP, DualPipe 2x / PP+1; GPipe holds every micro-batch: 1x / micro_batches.
+    Interleaved 1F1B: 1x / PP + (PP-1)/v (Megatron: 1 + (PP-1)/(PP v) times 1F1B's; at most micro_batches).
     """
     _check_pp(pp)
+    if name == INTERLEAVED:
+        v = virtual_stages
+        if micro_batches is None:
+            raise ValueError("interleaved 1F1B's activation memory depends on micro_batches (when m = pp); pass it")
+        return {"parameters": 1, "activations": min(2 * (pp - 1) + (v - 1) * pp + 1, micro_batches * v) / v}
     if name == "gpipe":
         if micro_batches is None:
             raise ValueError("GPipe's activation memory depends on micro_batches; pass it")
@@ -554,15 +618,31 @@ def memory_formula(name: str, pp: int, micro_batches: int | None = None) -> dict
     raise ValueError(f"schedule={name!r} is not a schedule; allowed: {', '.join(SCHEDULES)}")
 
 
-def readme_table(pp_values=(4, 8, 16), micro_batch_values=(20, 64), durations: Durations | None = None):
-    """Simulated vs formula bubble and memory for 1F1B, ZB1P, DualPipe (and GPipe) as a pandas DataFrame."""
+def readme_table(pp_values=(4, 8, 16), micro_batch_values=(20, 64), durations: Durations | None = None,
+                 virtual_stages: int | None = None):
+    """Simulated vs formula bubble and memory for 1F1B, ZB1P, DualPipe (and GPipe) as a pandas DataFrame; with
+    `virtual_stages`, Megatron's interleaved 1F1B too (simulated with 1/v of the chunk times, on the same model)."""
     import pandas as pd
     d = durations or Durations(1, 2, 1, 2.5)
+    v = virtual_stages
+    names = SCHEDULES + ((INTERLEAVED,) if v else ())
     rows = []
     for pp in pp_values:
         for m in micro_batch_values:
-            for name in SCHEDULES:
+            for name in names:
                 if name == "dualpipe" and (pp % 2 or m < 2 * pp or m % 2):
+                    continue
+                if name == INTERLEAVED:
+                    if m % pp:
+                        continue
+                    r = run(name, pp, m, Durations(d.F / v, d.B / v, d.W / v, d.fb / v, d.comm), v)
+                    mem = memory_formula(name, pp, m, v)
+                    rows.append({"PP": pp, "micro-batches": m, "schedule": f"interleaved v={v}",
+                                 "bubble sim (mean)": r.bubble, "bubble sim (max)": r.bubble_max,
+                                 "bubble formula": bubble_formula(name, pp, d, v),
+                                 "params sim": max(r.parameters), "params formula": mem["parameters"],
+                                 "activations sim": max(r.peak_activations),
+                                 "activations formula": mem["activations"], "makespan": r.makespan})
                     continue
                 r = run(name, pp, m, d)
                 mem = memory_formula(name, pp, m)
@@ -614,3 +694,36 @@ def plot_timeline(result: Result, ax=None, title: str | None = None, label_micro
     ax.set_title(title or f"{sched.name}: PP={sched.pp}, makespan {result.makespan:g}, bubble/device "
                           f"{result.bubble:g} (max {result.bubble_max:g})")
     return ax
+
+
+# ----------------------------------------------------------------------------------------------- formula vs schedule
+def dualpipe_gap_rule(F: float, B: float, W: float) -> int:
+    """Where DualPipe's simulated worst-rank bubble lands against its README formula, as the sweep of
+    `dualpipe_formula_sweep` shows it: +1 above when the input-gradient backward is shorter than the forward
+    (B - W < F) or the weight passes are long (3W >= 2B - F, strictly when B - W = F); 0 on the formula when B - W = F; -1 below otherwise.
+    (A rule read off the simulator, not a theorem: `dualpipe_formula_sweep` counts the points it gets wrong.)"""
+    bi, eps = B - W, 1e-9 * max(F, B)
+    if abs(bi - F) <= eps:
+        return 1 if 3 * W > 2 * B - F + eps else 0
+    return 1 if bi < F or 3 * W >= 2 * B - F - eps else -1
+
+
+def dualpipe_formula_sweep(pp_values=(4, 8, 16), B_values=None, W_values=None, F: float = 1.0,
+                           micro_batches_per_pp: int = 4):
+    """Simulated minus formula bubble (worst rank) of DualPipe over a grid of B and W (F fixed, F&B = F + B: the gap
+    does not depend on F&B), with the sign `dualpipe_gap_rule` predicts; a pandas DataFrame."""
+    import pandas as pd
+    B_values = B_values if B_values is not None else [F * x / 4 for x in range(2, 17)]
+    W_values = W_values if W_values is not None else [F * x / 4 for x in range(1, 16)]
+    rows = []
+    for pp in pp_values:
+        for B in B_values:
+            for W in W_values:
+                if not W < B:
+                    continue
+                d = Durations(F, B, W)
+                gap = run("dualpipe", pp, micro_batches_per_pp * pp, d).bubble_max - bubble_formula("dualpipe", pp, d)
+                gap = 0.0 if abs(gap) < 1e-9 else gap
+                rows.append({"PP": pp, "F": F, "B": B, "W": W, "sim - formula": gap,
+                             "sign": (gap > 0) - (gap < 0), "rule": dualpipe_gap_rule(F, B, W)})
+    return pd.DataFrame(rows)

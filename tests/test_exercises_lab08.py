@@ -179,3 +179,90 @@ def test_pairs_stub():
 
 def test_reference_matches_pipeline_module():
     assert [pipeline.dualpipe_stages(8, r) for r in range(8)] == [((0, r), (1, 7 - r)) for r in range(8)]
+
+
+# --- issue 12 audit: parameters varied, edge cases, named mistakes, learner errors as verdicts, seeds printed
+def hard_coded_pp(pp, m, stage):
+    return right_order(4, m, min(stage, 3))
+
+
+def backwards_reversed(pp, m, stage):
+    order = right_order(pp, m, stage)
+    bs = iter(sorted((j for k, j in order if k == "B"), reverse=True))
+    return [(k, j) if k == "F" else ("B", next(bs)) for k, j in order]
+
+
+def strings_not_pairs(pp, m, stage):
+    return [f"{k}{j}" for k, j in right_order(pp, m, stage)]
+
+
+@pytest.mark.parametrize("wrong,match", [(hard_coded_pp, "one_f_one_b_order"), (backwards_reversed, "in order"),
+                                         (strings_not_pairs, "must be a pair")])
+def test_one_f_one_b_audit(wrong, match):
+    for _ in range(3):  # the same wrong answer fails on every call (fixed cases, not luck)
+        with pytest.raises(CheckFailed, match=match):
+            check_one_f_one_b_order(wrong)
+
+
+def test_failure_prints_the_seed():
+    with pytest.raises(CheckFailed, match=r"seed \d+"):
+        check_one_f_one_b_order(gpipe_order)
+
+
+def zb_as_forward_only(name, pp, F, B, W, FB):
+    return (pp - 1) * F if name == "zb1p" else right_bubble(name, pp, F, B, W, FB)
+
+
+def dualpipe_f_plus_b(name, pp, F, B, W, FB):
+    return (pp // 2 - 1) * (F + B + B - 3 * W) if name == "dualpipe" else right_bubble(name, pp, F, B, W, FB)
+
+
+def dualpipe_two_w(name, pp, F, B, W, FB):
+    return (pp // 2 - 1) * (FB + B - 2 * W) if name == "dualpipe" else right_bubble(name, pp, F, B, W, FB)
+
+
+def zb_as_1f1b(name, pp, F, B, W, FB):
+    return (pp - 1) * (F + B) if name == "zb1p" else right_bubble(name, pp, F, B, W, FB)
+
+
+def bubble_as_text(name, pp, F, B, W, FB):
+    return f"{right_bubble(name, pp, F, B, W, FB):.2f}"
+
+
+def bubble_ignores_timings(name, pp, F, B, W, FB):
+    return right_bubble(name, pp, 1.0, 2.0, 1.0, 2.5)
+
+
+@pytest.mark.parametrize("wrong,match", [(zb_as_forward_only, "zb1p"), (dualpipe_f_plus_b, "uses F \\+ B"),
+                                         (dualpipe_two_w, "3W per ramp step"), (zb_as_1f1b, "1F1B's bubble"),
+                                         (bubble_as_text, "expected a number"),
+                                         (bubble_ignores_timings, "bubble\\('1f1b', pp=6")])
+def test_bubble_audit(wrong, match):
+    for _ in range(3):
+        with pytest.raises(CheckFailed, match=match):
+            check_bubble(wrong)
+
+
+def asserts_even(pp):
+    assert pp % 2 == 0, "pp must be even"
+    return [(r, pp - 1 - r) for r in range(pp)]
+
+
+def ints_not_pairs(pp):
+    if pp % 2:
+        raise ValueError("odd")
+    return list(range(pp))
+
+
+def accepts_one(pp):
+    if pp % 2 and pp > 1:
+        raise ValueError("odd")
+    return [(r, pp - 1 - r) for r in range(pp)]
+
+
+@pytest.mark.parametrize("wrong,match", [(asserts_even, "(?s)raised AssertionError.*expected ValueError"),
+                                         (ints_not_pairs, "must be a pair"), (accepts_one, "dualpipe_pairs\\(1\\)")])
+def test_pairs_audit(wrong, match):
+    for _ in range(3):
+        with pytest.raises(CheckFailed, match=match):
+            check_dualpipe_pairs(wrong)

@@ -50,7 +50,19 @@ def test_cpu_overlap_measurement_runs_and_is_consistent():
     for k in ("matmul_s", "allreduce_s", "serial_s", "overlapped_s"):
         assert t[k] > 0
     assert 1.0 <= t["ideal_speedup"] <= 2.0
+    # the serial baseline is the sum of the parts timed alone, not the back-to-back run
+    assert t["sum_s"] == pytest.approx(t["matmul_s"] + t["allreduce_s"])
+    assert t["speedup"] == pytest.approx(t["sum_s"] / t["overlapped_s"])
+    assert t["beats_ideal_by"] == pytest.approx(t["speedup"] / t["ideal_speedup"] - 1)
     assert t["speedup"] > 0.2  # a busy 2-core machine may not overlap at all; it must not break
+
+
+def test_round_robin_timing_takes_medians_in_turns():
+    calls = []
+    t = O.time_round_robin({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3,
+                           before=lambda: calls.append("|"))
+    assert calls == ["|", "a", "|", "b"] * 3
+    assert set(t) == {"a", "b"} and all(v >= 0 for v in t.values())
 
 
 def test_cpu_overlap_worker_rejects_bad_sizes():

@@ -164,3 +164,63 @@ def test_dualpipev_v_shape(pp, m):
 def test_dualpipev_bad_input():
     with pytest.raises(ValueError, match="at least 2\\*pp"):
         P.dualpipev(8, 15)
+
+
+# --- Megatron's interleaved 1F1B, F&B counts, DualPipe's formula gap
+@pytest.mark.parametrize("pp,v,m", [(2, 2, 4), (4, 2, 8), (4, 3, 12), (8, 2, 16), (8, 4, 8)])
+def test_interleaved_bubble_and_memory_match_megatron(pp, v, m):
+    full = P.Durations(1, 2, 1, 2.5)
+    r = P.run("interleaved", pp, m, P.Durations(1 / v, 2 / v, 1 / v, 2.5 / v), virtual_stages=v)
+    assert r.bubble_max == pytest.approx(P.bubble_formula("interleaved", pp, full, v))
+    assert r.bubble_max == pytest.approx((pp - 1) * 3 / v)
+    # bubble / ideal step = (pp - 1) / (v m): the README-style fraction
+    assert r.bubble_max / (m * 3) == pytest.approx((pp - 1) / (v * m))
+    mem = P.memory_formula("interleaved", pp, m, v)
+    assert max(r.peak_activations) == pytest.approx(mem["activations"])
+    assert max(r.parameters) == pytest.approx(1)
+
+
+def test_interleaved_order_visits_chunks_in_groups_of_pp():
+    order = P.interleaved_order(2, 4, 0, 2)
+    forwards = [(c, j) for k, c, j in order if k == "F"]
+    assert forwards == [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3)]
+    backwards = [(c, j) for k, c, j in order if k == "B"]
+    assert backwards[:2] == [(1, 0), (1, 1)]
+
+
+@pytest.mark.parametrize("kwargs,match", [({"pp": 4, "micro_batches": 6}, "micro_batches=6.*multiple of pp = 4"),
+                                          ({"pp": 4, "micro_batches": 8, "virtual_stages": 1}, "virtual_stages=1")])
+def test_interleaved_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        P.interleaved_1f1b(**kwargs)
+
+
+def test_build_still_takes_three_arguments_and_names_interleaved():
+    assert P.build("1f1b", 4, 8).name == "1f1b"
+    with pytest.raises(ValueError, match="interleaved"):
+        P.build("megatron", 4, 8)
+
+
+def test_readme_table_with_interleaved_rows():
+    t = P.readme_table((4,), (16,), virtual_stages=2)
+    row = t[t["schedule"] == "interleaved v=2"].iloc[0]
+    assert row["bubble sim (max)"] == pytest.approx(row["bubble formula"]) == pytest.approx(4.5)
+    assert row["activations sim"] == pytest.approx(row["activations formula"]) == pytest.approx(5.5)
+    assert "interleaved v=2" not in set(P.readme_table((4,), (16,))["schedule"])
+
+
+def test_dualpipe_fb_pairs_per_rank():
+    r = P.run("dualpipe", 8, 20, P.Durations(1, 2, 1, 2.5))
+    assert P.fb_pairs(r) == [9, 10, 11, 11, 11, 11, 10, 9]   # not 16 of 20
+    assert P.fb_pairs(P.build("1f1b", 4, 8)) == [0] * 4
+
+
+def test_dualpipe_gap_rule_against_the_sweep():
+    d = P.Durations(1, 1.25, 0.5)
+    gap = P.run("dualpipe", 8, 32, d).bubble_max - P.bubble_formula("dualpipe", 8, d)
+    assert gap == pytest.approx(0.75)              # the example: above the formula
+    assert P.dualpipe_gap_rule(1, 1.25, 0.5) == 1
+    assert P.dualpipe_gap_rule(1, 2, 1) == 0 and P.dualpipe_gap_rule(1, 3, 1) == -1
+    sweep = P.dualpipe_formula_sweep(pp_values=(4, 8))
+    assert (sweep["sign"] == sweep["rule"]).mean() >= 0.95
+    assert (sweep["sign"] > 0).any() and (sweep["sign"] < 0).any()

@@ -1,14 +1,27 @@
 """Checkers for lab 08 (pipeline schedules and DualPipe): the 1F1B order, bubble formulas, DualPipe's stage pairs."""
 from __future__ import annotations
 
+import numbers
 import random
 
 from common import pipeline
-from common.checks import checker, expect, expect_close, expect_equal, fail
+from common.checks import CheckFailed, checker, expect, expect_close, expect_equal, fail
+
+
+def _run_seeded(check, answer):
+    """Run `check(answer, rng)` with a fresh seed per call (random cases cannot be memorised); a failure names the
+    seed so that it can be reproduced."""
+    seed = random.randrange(2**31)
+    try:
+        return check(answer, random.Random(seed))
+    except CheckFailed as exc:
+        raise CheckFailed(f"{exc} [random cases drawn with seed {seed}]") from None
 
 
 def _one_f_one_b_cases(rng):
-    cases = [(4, 8, 0), (4, 8, 3), (4, 2, 0), (1, 3, 0)]
+    # fixed: several pp (a hard-coded pp fails every call), the last stage (no warm-up), fewer micro-batches than
+    # warm-up slots, one micro-batch, one stage
+    cases = [(4, 8, 0), (4, 8, 3), (6, 9, 1), (3, 5, 1), (4, 2, 0), (5, 1, 0), (5, 1, 4), (1, 3, 0)]
     for _ in range(6):
         pp = rng.randint(2, 12)
         cases.append((pp, rng.randint(1, 3 * pp), rng.randrange(pp)))
@@ -18,12 +31,19 @@ def _one_f_one_b_cases(rng):
 @checker("8.1", "the 1F1B order of one stage")
 def check_one_f_one_b_order(one_f_one_b_order):
     """one_f_one_b_order(pp, micro_batches, stage) -> [("F", j) or ("B", j), ...] in the order the stage runs them."""
-    rng = random.Random()
+    return _run_seeded(_check_one_f_one_b, one_f_one_b_order)
+
+
+def _check_one_f_one_b(one_f_one_b_order, rng):
     cases = _one_f_one_b_cases(rng)
     for pp, m, s in cases:
         got = one_f_one_b_order(pp, m, s)
         expect(isinstance(got, (list, tuple)), f"one_f_one_b_order({pp}, {m}, {s}) returned {type(got).__name__}; "
                                                f"return a list of ('F', j) / ('B', j) pairs")
+        bad = [x for x in got if not (isinstance(x, (list, tuple)) and len(x) == 2)]
+        if bad:
+            fail(f"one_f_one_b_order({pp}, {m}, {s}): every item must be a pair ('F', j) or ('B', j); got "
+                 f"{bad[0]!r} (of type {type(bad[0]).__name__})")
         got = [tuple(x) for x in got]
         expected = pipeline.one_f_one_b_order(pp, m, s)
         what = f"one_f_one_b_order(pp={pp}, micro_batches={m}, stage={s})"
@@ -44,6 +64,11 @@ def check_one_f_one_b_order(one_f_one_b_order):
         if peak < warm:
             fail(f"{what}: only {peak} micro-batches in flight; stage {s} must run pp-1-stage = {pp - 1 - s} "
                  f"warm-up forwards, or the next stage starves and the bubble grows")
+        fs = [j for k, j in got if k == "F"]
+        bs = [j for k, j in got if k == "B"]
+        if fs != sorted(fs) or bs != sorted(bs):
+            fail(f"{what}: micro-batches must run in order, forwards j = 0, 1, ... and backwards j = 0, 1, ... (the "
+                 f"next stage receives them in that order); got forwards {fs[:8]}, backwards {bs[:8]}")
         expect_equal(got, expected, what)
     # the whole pipeline runs without deadlock and has the 1F1B bubble
     pp, m = rng.randint(3, 8), rng.randint(8, 20)
@@ -62,9 +87,17 @@ def _bubble_reference(name, pp, F, B, W, FB):
 @checker("8.2", "bubble per device by formula")
 def check_bubble(bubble):
     """bubble(schedule, pp, F, B, W, FB) -> idle time per device for "gpipe", "1f1b", "zb1p", "dualpipe"."""
-    rng = random.Random()
-    cases = [("1f1b", 8, 1.0, 2.0, 1.0, 2.5), ("zb1p", 8, 1.0, 2.0, 1.0, 2.5), ("dualpipe", 8, 1.0, 2.0, 1.0, 2.5),
-             ("gpipe", 4, 1.0, 2.0, 1.0, 2.5)]
+    return _run_seeded(_check_bubble, bubble)
+
+
+def _check_bubble(bubble, rng):
+    # fixed: asymmetric timings first (with F=1, B=2, W=1 the ZB1P bubble equals (PP-1)F and (PP-1)W, which hides
+    # mistakes), every schedule at two PP values, F&B different from F+B, and the PP=2 edge (DualPipe: no ramp)
+    cases = [("1f1b", 6, 1.5, 2.7, 0.9, 3.6), ("zb1p", 6, 1.5, 2.7, 0.9, 3.6), ("dualpipe", 6, 1.5, 2.7, 0.9, 3.6),
+             ("gpipe", 5, 1.5, 2.7, 0.9, 3.6),
+             ("1f1b", 8, 1.0, 2.0, 1.0, 2.5), ("zb1p", 8, 1.0, 2.0, 1.0, 2.5), ("dualpipe", 8, 1.0, 2.0, 1.0, 2.5),
+             ("gpipe", 4, 1.0, 2.0, 1.0, 2.5), ("dualpipe", 16, 0.8, 1.9, 0.5, 2.2), ("dualpipe", 2, 1.0, 2.0, 1.0, 2.5),
+             ("1f1b", 1, 1.0, 2.0, 1.0, 2.5)]
     for _ in range(8):
         pp = 2 * rng.randint(1, 16)
         F = round(rng.uniform(0.5, 3), 3)
@@ -78,29 +111,47 @@ def check_bubble(bubble):
         what = f"bubble({name!r}, pp={pp}, F={F}, B={B}, W={W}, FB={FB})"
         if got is None:
             fail(f"{what}: got None -- return the bubble")
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):
+            fail(f"{what}: expected a number (the idle time per device), got {got!r} of type {type(got).__name__}")
+        if name == "dualpipe" and abs(got - (pp // 2 - 1) * (F + B + B - 3 * W)) < 1e-9 and abs(FB - F - B) > 1e-9 \
+                and pp > 2:
+            fail(f"{what} = {got:.6g}: that uses F + B for the overlapped pair; DualPipe's formula uses F&B (FB = {FB}), "
+                 f"the time of a forward and a backward run together: (PP/2-1)(F&B+B-3W)")
+        if name == "dualpipe" and abs(got - (pp // 2 - 1) * (FB + B - 2 * W)) < 1e-9 and pp > 2:
+            fail(f"{what} = {got:.6g}: DualPipe subtracts 3W per ramp step, not 2W (that is ZB1P's): (PP/2-1)(F&B+B-3W)")
+        if name == "zb1p" and pp > 1 and abs(got - (pp - 1) * (F + B)) < 1e-9:
+            fail(f"{what} = {got:.6g}: that is 1F1B's bubble; ZB1P fills the ramp with weight passes: (PP-1)(F+B-2W)")
         if name == "dualpipe" and abs(got - (pp - 1) * (FB + B - 3 * W)) < 1e-9 and pp > 2:
             fail(f"{what} = {got:g}: DualPipe's bubble has PP/2 - 1 stages of ramp, not PP - 1 (each rank holds "
                  f"two stages and the pipeline is fed from both ends)")
-        if name == "zb1p" and abs(got - (pp - 1) * (F + B - W)) < 1e-9:
+        if name == "zb1p" and pp > 1 and abs(got - (pp - 1) * (F + B - W)) < 1e-9:
             fail(f"{what} = {got:g}: ZB1P removes 2W per stage, not W (the weight passes fill both the warm-up "
                  f"and the cool-down gaps): (PP-1)(F+B-2W)")
-        if name in ("1f1b", "gpipe") and abs(got - (pp - 1) * (F + B) / pp) < 1e-9:
+        if name in ("1f1b", "gpipe") and pp > 1 and abs(got - (pp - 1) * (F + B) / pp) < 1e-9:
             fail(f"{what} = {got:g}: that divides by PP; the formula is the idle time of one device, (PP-1)(F+B)")
         expect_close(got, expected, what, rtol=1e-9)
-    return f"right for {len(cases)} schedules and timings (e.g. 1F1B, PP=8, F=1, B=2: {_bubble_reference(*cases[0]):g})"
+    return f"right for {len(cases)} schedules and timings (e.g. 1F1B, PP=8, F=1, B=2: {_bubble_reference('1f1b', 8, 1.0, 2.0, 1.0, 2.5):g})"
 
 
 @checker("8.3", "pair stages for DualPipe")
 def check_dualpipe_pairs(dualpipe_pairs):
     """dualpipe_pairs(pp) -> [(stage of the forward-direction pipeline, stage of the reverse one) for each rank];
     ValueError for an odd pp."""
-    rng = random.Random()
-    sizes = [4, 8, 2] + [2 * rng.randint(3, 32) for _ in range(4)]
+    return _run_seeded(_check_dualpipe_pairs, dualpipe_pairs)
+
+
+def _check_dualpipe_pairs(dualpipe_pairs, rng):
+    sizes = [4, 8, 2, 6] + [2 * rng.randint(3, 32) for _ in range(4)]
     for pp in sizes:
         got = dualpipe_pairs(pp)
         what = f"dualpipe_pairs({pp})"
-        expect(got is not None and len(got) == pp, f"{what}: expected one pair per rank ({pp} pairs), "
-                                                   f"got {None if got is None else len(got)}")
+        expect(isinstance(got, (list, tuple)) and len(got) == pp,
+               f"{what}: expected a list of one pair per rank ({pp} pairs), got "
+               f"{got!r}" if not isinstance(got, (list, tuple)) else f"{what}: expected one pair per rank ({pp} "
+               f"pairs), got {len(got)}")
+        bad = [p for p in got if not (isinstance(p, (list, tuple)) and len(p) == 2)]
+        if bad:
+            fail(f"{what}: each rank's entry must be a pair (forward stage, reverse stage); got {bad[0]!r}")
         got = [tuple(p) for p in got]
         fwd = [p[0] for p in got]
         rev = [p[1] for p in got]
@@ -114,12 +165,15 @@ def check_dualpipe_pairs(dualpipe_pairs):
                f"{what}: forward micro-batches enter at rank 0 (its stage 0) and reverse ones at rank pp-1; got "
                f"rank 0 -> {got[0]}, rank {pp - 1} -> {got[-1]}")
         expect_equal(got, [(r, pp - 1 - r) for r in range(pp)], what)
-    odd = 2 * rng.randint(1, 20) + 1
-    try:
-        dualpipe_pairs(odd)
-    except ValueError:
-        pass
-    else:
+    for odd in (3, 1, 2 * rng.randint(2, 20) + 1):
+        try:
+            dualpipe_pairs(odd)
+        except ValueError:
+            continue
+        except Exception as exc:  # an assert or a RuntimeError where ValueError is asked for
+            fail(f"dualpipe_pairs({odd}) raised {type(exc).__name__}: {exc}; expected ValueError (the error for a bad "
+                 f"argument value), naming pp and saying it must be even")
         fail(f"dualpipe_pairs({odd}) returned instead of raising ValueError: with an odd PP the middle rank would hold "
              f"stage {odd // 2} of both pipelines, so DualPipe needs an even PP")
-    return f"right for {len(sizes)} even PP values (rank r holds stages r and PP-1-r), and an odd PP raises ValueError"
+    return (f"right for {len(sizes)} even PP values (rank r holds stages r and PP-1-r), and odd PP (1, 3 and another) "
+            f"raises ValueError")
