@@ -50,8 +50,10 @@ def as_number(got, call: str, what: str = "a number") -> float:
     if got is None:
         raise CheckFailed(f"{call} returned None -- return {what}")
     try:
+        if isinstance(got, (str, bytes)):
+            raise TypeError
         return float(got)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):
         raise CheckFailed(f"{call} returned {type(got).__name__} {got!r:.80}; expected {what}") from None
 
 
