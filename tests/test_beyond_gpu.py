@@ -131,3 +131,16 @@ def test_sharing_model():
     with pytest.raises(ValueError, match="no MIG profiles"):
         sharing.mig_profiles("B300")
     assert sharing.coupled_step_time(1.0, 0.5, 1 / 7, 2.0) == pytest.approx(8.0)
+
+
+def test_placement_probe_cpu_time_shows_oversubscription():
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("thread affinity needs Linux")
+    cpu = min(os.sched_getaffinity(0))
+    one = hostside.placement_probe({cpu}, 1, n=128, repeats=3, ops=500)
+    two = hostside.placement_probe({cpu}, 2, n=128, repeats=3, ops=500)
+    assert set(one) == {"matmul_gflops", "elementwise_wall_us", "elementwise_cpu_us"}
+    # two threads taking turns on one core burn more CPU for the same work (1.5-2.2x measured on a loaded 2-core box)
+    assert two["elementwise_cpu_us"] > 1.1 * one["elementwise_cpu_us"]
+    with pytest.raises(ValueError, match="threads=0"):
+        hostside.placement_probe({cpu}, 0)

@@ -68,7 +68,8 @@ def test_deepseek_gate():
         perm = torch.randperm(i.shape[1])
         return w[:, perm], i[:, perm]
     assert lab06.check_deepseek_gate(shuffled).passed
-    assert lab06.check_deepseek_gate(lambda *a: moe.deepseek_v3_gate(*a)).passed
+    with pytest.raises(CheckFailed, match="called common.moe.deepseek_v3_gate, the reference"):
+        lab06.check_deepseek_gate(lambda *a: moe.deepseek_v3_gate(*a))
     cases = [(dict(groups=False), "ignored the group limit"),
              (dict(use_bias=False), "bias was not used to choose"),
              (dict(group_by_max=True), "sum of their top-2 scores"),
@@ -113,7 +114,8 @@ def _per_token_layer(x, weights, indices, experts):
 
 def test_moe_layer_sorted():
     assert lab06.check_moe_layer_sorted(_sorted_layer).passed
-    assert lab06.check_moe_layer_sorted(lambda *a: moe.moe_grouped(*a)).passed
+    with pytest.raises(CheckFailed, match="called common.moe.moe_grouped"):
+        lab06.check_moe_layer_sorted(lambda *a: moe.moe_grouped(*a))
     with pytest.raises(CheckFailed, match="without the gate weights"):
         lab06.check_moe_layer_sorted(lambda *a: _sorted_layer(*a, weighted=False))
     with pytest.raises(CheckFailed, match="called .* times"):
@@ -161,7 +163,8 @@ def _counts(load, r):
 
 def test_replica_counts():
     assert lab06.check_replica_counts(_counts).passed
-    assert lab06.check_replica_counts(lambda load, r: eplb.replicate_experts(load[None], r)[2][0]).passed
+    with pytest.raises(CheckFailed, match="called common.eplb.replicate_experts"):
+        lab06.check_replica_counts(lambda load, r: eplb.replicate_experts(load[None], r)[2][0])
     def heaviest(load, r):
         cnt = torch.ones(len(load), dtype=torch.int64)
         cnt[int(load.argmax())] += r - len(load)
@@ -226,7 +229,7 @@ def _zero_filled_gate(logits, bias, k, ng, tg, scale):
 
 def test_moe_layer_must_not_modify_its_input():
     def in_place(x, w, i, experts):
-        out = moe.moe_grouped(x, w, i, experts._experts)
+        out = _sorted_layer(x, w, i, experts)
         w.mul_(0)
         return out
     with pytest.raises(CheckFailed, match="modified its input `weights`"):
@@ -261,3 +264,12 @@ def test_replica_counts_ties_either_way_and_wrong_types():
     assert lab06.check_replica_counts(last_argmax).passed
     with pytest.raises(CheckFailed, match="one integer count per expert"):
         lab06.check_replica_counts(lambda load, r: {"counts": 1})
+
+
+def test_gate_must_not_modify_its_input():
+    def in_place(logits, bias, k, ng, tg, scale):
+        w, i = _gate(logits, bias, k, ng, tg, scale)
+        logits.sigmoid_()
+        return w, i
+    with pytest.raises(CheckFailed, match="modified its input `logits`"):
+        lab06.check_deepseek_gate(in_place)

@@ -161,3 +161,11 @@ def test_learner_errors_and_wrong_types_are_verdicts():
         check_adam_state(lambda n: {**right_adam(n), "master": [4 * n]})
     with pytest.raises(CheckFailed, match=r"seed \d+"):
         check_training_days(lambda *a: right_days(*a) * 1.01)
+
+
+def test_calling_the_reference_is_caught():
+    from common import scaling
+    with pytest.raises(CheckFailed, match="called common.scaling.train_flops"):
+        check_train_flops(lambda n, d: scaling.train_flops(n, d))
+    with pytest.raises(CheckFailed, match="called common.scaling.gpu_hours"):
+        check_training_days(lambda f, n, g, d, m: scaling.gpu_hours(f, g, m, d) / n / 24)

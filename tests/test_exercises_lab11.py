@@ -44,20 +44,30 @@ def test_paged_waste():
     assert lab11.check_paged_waste(_stub).status == "not attempted"
 
 
+def _shared(d, n, m):
+    if m == "time-slicing":
+        return d
+    if m == "mig":
+        return min(n, 7) * min(d, 1 / 7)
+    return min(1.0, n * d)
+
+
 def test_shared_utilisation():
-    assert lab11.check_shared_utilisation(sharing.shared_utilisation).passed
+    with pytest.raises(CheckFailed, match="passed common.sharing.shared_utilisation itself"):
+        lab11.check_shared_utilisation(sharing.shared_utilisation)
+    assert lab11.check_shared_utilisation(_shared).passed
 
     def mig_uncapped(d, n, m):
-        return min(n, 7) * d if m == "mig" else sharing.shared_utilisation(d, n, m)
+        return min(n, 7) * d if m == "mig" else _shared(d, n, m)
 
     def mig_unlimited(d, n, m):
-        return n * min(d, 1 / 7) if m == "mig" else sharing.shared_utilisation(d, n, m)
+        return n * min(d, 1 / 7) if m == "mig" else _shared(d, n, m)
 
     def mps_uncapped(d, n, m):
-        return n * d if m == "mps" else sharing.shared_utilisation(d, n, m)
+        return n * d if m == "mps" else _shared(d, n, m)
 
     def slicing_adds(d, n, m):
-        return min(1.0, n * d) if m == "time-slicing" else sharing.shared_utilisation(d, n, m)
+        return min(1.0, n * d) if m == "time-slicing" else _shared(d, n, m)
 
     for wrong, match in [(mig_uncapped, "hard slice"), (mig_unlimited, "at most 7"), (mps_uncapped, "cannot exceed"),
                          (slicing_adds, "one context at a time")]:
@@ -104,6 +114,13 @@ def test_paged_waste_input_untouched_and_all_sequences():
 
 def test_mig_whole_slice_named():
     def whole_slice(d, n, m):
-        return min(n, 7) / 7 if m == "mig" else sharing.shared_utilisation(d, n, m)
+        return min(n, 7) / 7 if m == "mig" else _shared(d, n, m)
     with pytest.raises(CheckFailed, match="not the whole slice"):
         lab11.check_shared_utilisation(whole_slice)
+
+
+def test_calling_the_reference_is_caught():
+    with pytest.raises(CheckFailed, match="called common.kvcache.kv_bytes_per_token"):
+        lab11.check_kv_bytes_per_token(lambda l, h, kv, d, b: kvcache.kv_bytes_per_token(l, kv, d, d, b))
+    with pytest.raises(CheckFailed, match="called common.kvcache.paged_waste"):
+        lab11.check_paged_waste(lambda ls, b: kvcache.paged_waste(ls, b))

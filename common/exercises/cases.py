@@ -35,14 +35,40 @@ def fresh_cases(seed: int | None = None):
         raise CheckFailed(f"{exc} (random cases: seed {seed})") from None
 
 
-def learner_call(fn, args: tuple, call: str):
-    """fn(*args); an exception other than NotImplementedError becomes a verdict naming `call`."""
+def learner_call(fn, args: tuple, call: str, references: tuple = ()):
+    """fn(*args); an exception other than NotImplementedError becomes a verdict naming `call`.
+
+    `references`: (module, name) pairs of the `common` functions this exercise asks the learner to write; a call
+    to one of them (through its module, e.g. `moe.deepseek_v3_gate`) is caught and named.
+    """
+    called: list[str] = []
+    saved = [(module, name, getattr(module, name)) for module, name in references]
+    for module, name, original in saved:
+        if fn is original:
+            raise CheckFailed(f"{call}: you passed {module.__name__}.{name} itself, the reference this exercise "
+                              f"asks you to write; write it yourself")
+
+    def spy(module, name, original):
+        def wrapper(*a, **kw):
+            called.append(f"{module.__name__}.{name}")
+            return original(*a, **kw)
+        return wrapper
+
+    for module, name, original in saved:
+        setattr(module, name, spy(module, name, original))
     try:
-        return fn(*args)
+        result = fn(*args)
     except NotImplementedError:
         raise
     except Exception as exc:
         raise CheckFailed(f"{call}: {_learner_error(exc)}") from exc
+    finally:
+        for module, name, original in saved:
+            setattr(module, name, original)
+    if called:
+        raise CheckFailed(f"{call} called {called[0]}, the reference this exercise asks you to write; write it "
+                          f"yourself (torch and math built-ins are fine)")
+    return result
 
 
 def as_number(got, call: str, what: str = "a number") -> float:

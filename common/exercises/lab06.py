@@ -82,7 +82,11 @@ def check_deepseek_gate(deepseek_gate):
             args = f"T={t}, E={e}, top_k={k}, n_group={ng}, topk_group={tg}, route_scale={scale}" + (
                 f", bias around {shift}" if shift else "")
             call = f"deepseek_gate(logits [{t}, {e}], bias [{e}], {k}, {ng}, {tg}, {scale})"
-            got = learner_call(deepseek_gate, (logits.clone(), bias.clone(), k, ng, tg, scale), call)
+            lg, bs = logits.clone(), bias.clone()
+            got = learner_call(deepseek_gate, (lg, bs, k, ng, tg, scale), call, references=((moe, "deepseek_v3_gate"),))
+            expect(torch.equal(lg, logits) and torch.equal(bs, bias),
+                   f"{call}: your gate modified its input `{'logits' if not torch.equal(lg, logits) else 'bias'}` "
+                   f"in place (e.g. sigmoid_ or +=); the router's logits and bias are still needed by the caller")
             expect(isinstance(got, (tuple, list)) and len(got) == 2,
                    f"{call}: return (weights, indices); got {type(got).__name__}")
             try:
@@ -180,7 +184,8 @@ def check_moe_layer_sorted(moe_layer_sorted):
             args = f"T={t}, E={e}, k={k}"
             xs, ws, ids = x.clone(), w.clone(), i.clone()
             got = learner_call(moe_layer_sorted, (xs, ws, ids, counting),
-                               f"moe_layer_sorted(x [{t}, {h}], weights [{t}, {k}], indices [{t}, {k}], experts)")
+                               f"moe_layer_sorted(x [{t}, {h}], weights [{t}, {k}], indices [{t}, {k}], experts)",
+                               references=((moe, "moe_grouped"),))
             expect(got is not None, "moe_layer_sorted returned None -- return the [T, H] output")
             for name, before, after in (("x", x, xs), ("weights", w, ws), ("indices", i, ids)):
                 expect(torch.equal(before, after), f"{args}: your layer modified its input `{name}` in place; "
@@ -273,7 +278,7 @@ def check_expected_nodes(expected_nodes):
         cases_ = [(256, 8, 8), (8, 4, 2), (256, 8, 32), (64, 1, 4), (16, 16, 4), (60, 7, 3), (n * m, rng.randint(1, n * m), n)]
         for e, k, n in cases_:
             call = f"expected_nodes({e}, {k}, {n})"
-            got = learner_call(expected_nodes, (e, k, n), call)
+            got = learner_call(expected_nodes, (e, k, n), call, references=((moe, "expected_distinct_nodes"),))
             ref = moe.expected_distinct_nodes(e, k, n)
             with_replacement = n * (1 - (1 - 1 / n) ** k)
             if abs(ref - with_replacement) > 1e-6 and _near(got, with_replacement):
@@ -318,7 +323,7 @@ def check_replica_counts(replica_counts):
             cases_.append(((torch.rand(e, generator=gen) ** 3 * 1000).round() + 1, e + rng.randint(0, 2 * e)))
         for load, r in cases_:
             args = f"replica_counts(load of {len(load)} experts, num_replicas={r})"
-            got = learner_call(replica_counts, (load.clone(), r), args)
+            got = learner_call(replica_counts, (load.clone(), r), args, references=((eplb, "replicate_experts"),))
             expect(got is not None, "replica_counts returned None -- return the count per expert")
             try:
                 got = [int(v) for v in torch.as_tensor(got).reshape(-1).tolist()]
