@@ -132,7 +132,7 @@ for _ in range(repeats):
 print(2 * n**3 * repeats / (time.perf_counter() - start) / 1e9)
 """
 
-# two workloads in one process: a matmul (long parallel regions) and many element-wise ops on 256K floats (a short
+# two workloads in one process: a matmul (long parallel regions) and many element-wise ops on 64K floats (a short
 # parallel region, ending in a barrier, every few microseconds)
 _PLACEMENT_PROBE = """
 import time, torch
@@ -169,7 +169,7 @@ def _run_pinned(code: str, cpus: set[int], threads: int) -> list[float]:
     return [float(v) for v in out.stdout.strip().splitlines()[-1].split()]
 
 
-def placement_probe(cpus: set[int], threads: int, n: int = 512, repeats: int = 20, elems: int = 1 << 18,
+def placement_probe(cpus: set[int], threads: int, n: int = 512, repeats: int = 20, elems: int = 1 << 16,
                     ops: int = 2000) -> dict:
     """In a fresh process whose `threads` OpenMP threads may run only on `cpus`: GFLOP/s of n x n float32 matmuls,
     and the wall-clock and CPU microseconds of one element-wise op on `elems` floats (a short parallel region ending

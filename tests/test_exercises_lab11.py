@@ -124,3 +124,10 @@ def test_calling_the_reference_is_caught():
         lab11.check_kv_bytes_per_token(lambda l, h, kv, d, b: kvcache.kv_bytes_per_token(l, kv, d, d, b))
     with pytest.raises(CheckFailed, match="called common.kvcache.paged_waste"):
         lab11.check_paged_waste(lambda ls, b: kvcache.paged_waste(ls, b))
+
+
+def test_failing_numbers_printed_with_enough_digits():
+    from common.exercises.cases import expect_number
+    # off by one in ~25 million: %.6g would print two equal numbers
+    with pytest.raises(CheckFailed, match=r"expected 25165824, got 25165825"):
+        expect_number(25165825, 25165824, "bytes", rtol=1e-12)

@@ -86,3 +86,12 @@ def as_number(got, call: str, what: str = "a number") -> float:
 def digits(x: float) -> str:
     """A float with enough digits to show a difference that %.6g hides."""
     return f"{float(x):.17g}"
+
+
+def expect_number(got: float, expected: float, what: str, rtol: float, atol: float = 0.0) -> None:
+    """Scalar closeness, printed with enough digits to show the difference (checks.expect_close prints 6)."""
+    import math
+    if not math.isclose(float(got), float(expected), rel_tol=rtol, abs_tol=atol):
+        rel = abs(got - expected) / abs(expected) if expected else float("inf")
+        raise CheckFailed(f"{what}: expected {digits(expected)}, got {digits(got)} (relative error {rel:.3g}, "
+                          f"allowed {rtol:g})")

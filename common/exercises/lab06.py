@@ -275,7 +275,8 @@ def check_expected_nodes(expected_nodes):
     with fresh_cases() as cases:
         rng = cases.rng
         n, m = rng.randint(1, 16), rng.randint(1, 16)
-        cases_ = [(256, 8, 8), (8, 4, 2), (256, 8, 32), (64, 1, 4), (16, 16, 4), (60, 7, 3), (n * m, rng.randint(1, n * m), n)]
+        cases_ = [(256, 8, 8), (8, 4, 2), (256, 8, 32), (64, 1, 4), (16, 16, 4), (60, 7, 3),
+                  (n * m, rng.randint(1, n * m), n)]
         for e, k, n in cases_:
             call = f"expected_nodes({e}, {k}, {n})"
             got = learner_call(expected_nodes, (e, k, n), call, references=((moe, "expected_distinct_nodes"),))

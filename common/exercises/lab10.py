@@ -6,8 +6,8 @@ import math
 import random
 
 from common import scaling
-from common.checks import checker, near, expect, expect_close, expect_equal
-from common.exercises.cases import as_number, fresh_cases, learner_call
+from common.checks import checker, near, expect, expect_equal
+from common.exercises.cases import as_number, expect_number, fresh_cases, learner_call
 
 GPUS = ["H100-SXM", "H800-SXM", "H200-SXM", "A100-SXM", "B200", "GB200"]
 
@@ -59,7 +59,8 @@ def check_train_flops(train_flops):
         for n, d in cases_:
             expected = 6.0 * n * d
             where = f"train_flops({n:.4g}, {d:.4g})"
-            got = as_number(learner_call(train_flops, (n, d), where, ((scaling, "train_flops"),)), where, "the FLOPs, a number")
+            got = as_number(learner_call(train_flops, (n, d), where, ((scaling, "train_flops"),)), where,
+                            "the FLOPs, a number")
             for factor, why in ((2, "that is 2ND, the forward pass only; the backward pass costs twice the forward, "
                                     "so training is 6ND"),
                                 (1, "N x D forgets the factor 6 (2 FLOPs per multiply-add x 3 for forward + "
@@ -71,7 +72,7 @@ def check_train_flops(train_flops):
                     expect(False, f"{where} = {got:.4g}: {why}")
             if near(got, 6 * n) or near(got, 6 * d):
                 expect(False, f"{where} = {got:.4g}: one of N and D is missing: C = 6 x N x D")
-            expect_close(got, expected, where, rtol=1e-9)
+            expect_number(got, expected, where, rtol=1e-9)
     return "6 N D for every size (DeepSeek-V3: 6 x 37e9 x 14.8e12 = 3.29e24)"
 
 
@@ -112,7 +113,7 @@ def check_implied_mfu(implied_mfu):
                                   f"({other_peak:g} TFLOP/s); look the peak up for gpu_id={gpu!r}")
             if near(got, expected * 1e12) or near(got, expected / 1e12):
                 expect(False, f"{where} = {got:.4g}: a unit slip -- the peak is in TFLOP/s (1e12 FLOP/s)")
-            expect_close(got, expected, where, rtol=1e-6)
+            expect_number(got, expected, where, rtol=1e-6)
     return "achieved FLOP/s over the dense peak (DeepSeek-V3 on H800: about 0.33 of BF16, 0.16 of FP8)"
 
 
@@ -142,11 +143,11 @@ def check_adam_state(adam_state_bytes):
                 if near(value, b):
                     expect(False, f"{where}[{key!r}] = {value:.4g}: that is bytes per parameter; multiply by the "
                                   f"{n:.4g} parameters")
-                expect_close(value, b * n, f"{where}[{key!r}]", rtol=1e-9)
+                expect_number(value, b * n, f"{where}[{key!r}]", rtol=1e-9)
             total = sum(float(v) for k, v in got.items() if k != "total")
-            expect_close(total, 16 * n, f"sum of the parts for {n:.4g} parameters (16 B/param)", rtol=1e-9)
+            expect_number(total, 16 * n, f"sum of the parts for {n:.4g} parameters (16 B/param)", rtol=1e-9)
             if "total" in got:
-                expect_close(as_number(got["total"], f"{where}['total']"), 16 * n, f"{where}['total']", rtol=1e-9)
+                expect_number(as_number(got["total"], f"{where}['total']"), 16 * n, f"{where}['total']", rtol=1e-9)
     return "2 + 2 + 4 + 4 + 4 = 16 bytes per parameter (100T parameters: 1,600 TB)"
 
 
@@ -217,5 +218,5 @@ def check_training_days(training_days):
                                   f"({peak:g} TFLOP/s)")
             if gpus > 1 and near(got, expected * gpus):
                 expect(False, f"{where} = {got:.4g}: the work is shared by {gpus} GPUs -- divide by the GPU count")
-            expect_close(got, expected, where, rtol=1e-6)
+            expect_number(got, expected, where, rtol=1e-6)
     return "FLOPs / (GPUs x dense peak x MFU) / 86,400 s"

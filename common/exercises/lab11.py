@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 
 from common import kvcache, sharing
-from common.checks import checker, expect, expect_close, fail
-from common.exercises.cases import as_number, fresh_cases, learner_call
+from common.checks import checker, expect, fail
+from common.exercises.cases import as_number, expect_number, fresh_cases, learner_call
 
 BYTES_PER_VALUE = (1, 2, 4)  # FP8/INT8, BF16/FP16, FP32: each gets a fixed case
 
@@ -41,7 +41,7 @@ def check_kv_bytes_per_token(fn):
                      and not math.isclose(value, expected, rel_tol=1e-12)]
             if named:
                 fail(f"{where}: got {got:.10g}: {' or '.join(named)}")
-            expect_close(got, expected, f"bytes per token for {where}", rtol=1e-12, atol=0)
+            expect_number(got, expected, f"bytes per token for {where}", rtol=1e-12)
     return "K and V, per KV head, per layer (GQA caches only the KV heads), for 1-, 2- and 4-byte values"
 
 
@@ -57,7 +57,8 @@ def check_mla_bytes_per_token(fn):
             expected = kvcache.mla_bytes_per_token(layers, rank, rope, b)
             where = f"layers={layers}, kv_lora_rank={rank}, rope_dim={rope}, bytes={b}"
             call = f"mla_bytes_per_token({layers}, {rank}, {rope}, {b})"
-            got = as_number(learner_call(fn, (layers, rank, rope, b), call, ((kvcache, "mla_bytes_per_token"),)), call, "bytes, a number")
+            got = as_number(learner_call(fn, (layers, rank, rope, b), call, ((kvcache, "mla_bytes_per_token"),)),
+                            call, "bytes, a number")
             if got == layers * rank * b:
                 fail(f"{where}: you left out the decoupled RoPE key ({rope} values per layer), which MLA caches "
                      f"beside the latent")
@@ -68,7 +69,7 @@ def check_mla_bytes_per_token(fn):
                 fail(f"{where}: got {got:.10g}, the figure for one layer -- every layer caches its own latent")
             if b != 1 and got == expected / b:
                 fail(f"{where}: got {got:.10g}, the count of values -- multiply by bytes_per_value")
-            expect_close(got, expected, f"MLA bytes per token for {where}", rtol=1e-12, atol=0)
+            expect_number(got, expected, f"MLA bytes per token for {where}", rtol=1e-12)
     return "layers x (latent + RoPE key) x bytes: 576 values per layer for DeepSeek-V3"
 
 
@@ -85,7 +86,8 @@ def check_paged_waste(fn):
             shown = f"{lengths[:6]}{'...' if len(lengths) > 6 else ''}"
             call = f"paged_waste({shown}, {block})"
             passed = list(lengths)
-            got = as_number(learner_call(fn, (passed, block), call, ((kvcache, "paged_waste"),)), call, "a number of token slots")
+            got = as_number(learner_call(fn, (passed, block), call, ((kvcache, "paged_waste"),)), call,
+                            "a number of token slots")
             expect(passed == lengths, f"{call}: your function changed the list of lengths it was given; work on a "
                                       f"copy")
             plus_one = sum((n // block + 1) * block - n for n in lengths)
@@ -114,7 +116,8 @@ def check_shared_utilisation(fn):
             expected = sharing.shared_utilisation(demand, n, mode)
             where = f"demand={demand}, n_jobs={n}, mode={mode!r}"
             call = f"shared_utilisation({demand}, {n}, {mode!r})"
-            got = as_number(learner_call(fn, (demand, n, mode), call, ((sharing, "shared_utilisation"),)), call, "a fraction")
+            got = as_number(learner_call(fn, (demand, n, mode), call, ((sharing, "shared_utilisation"),)), call,
+                            "a fraction")
             if mode == "mig" and demand > 1 / 7 and math.isclose(got, min(n, 7) * demand):
                 fail(f"{where}: a MIG instance is a hard slice of 1/7 of the SMs; a job cannot use more than its "
                      f"slice however much it wants")
@@ -127,5 +130,5 @@ def check_shared_utilisation(fn):
                 fail(f"{where}: got {got:.4g}; utilisation cannot exceed the whole GPU (1.0)")
             if mode == "time-slicing" and n > 1 and math.isclose(got, min(1.0, n * demand)):
                 fail(f"{where}: time slicing runs one context at a time, so the jobs do not add up")
-            expect_close(got, expected, f"utilisation for {where}", rtol=1e-9, atol=1e-12)
+            expect_number(got, expected, f"utilisation for {where}", rtol=1e-9, atol=1e-12)
     return "time slicing keeps one job's demand; MIG caps each job at its slice; MPS adds demands up to 1"
