@@ -132,10 +132,29 @@ for _ in range(repeats):
 print(2 * n**3 * repeats / (time.perf_counter() - start) / 1e9)
 """
 
+# two workloads in one process: a matmul (long parallel regions) and many element-wise ops on 64K floats (a short
+# parallel region, ending in a barrier, every few microseconds)
+_PLACEMENT_PROBE = """
+import time, torch
+n, repeats, elems, ops = {n}, {repeats}, {elems}, {ops}
+a, b = torch.randn(n, n), torch.randn(n, n)
+a @ b
+start = time.perf_counter()
+for _ in range(repeats):
+    a @ b
+gflops = 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
+x = torch.randn(elems)
+y = torch.empty_like(x)
+for _ in range(20):
+    torch.mul(x, 1.0001, out=y)
+start, cpu = time.perf_counter(), time.process_time()
+for _ in range(ops):
+    torch.mul(x, 1.0001, out=y)
+print(gflops, (time.perf_counter() - start) / ops * 1e6, (time.process_time() - cpu) / ops * 1e6)
+"""
 
-def matmul_gflops_pinned(cpus: set[int], threads: int, n: int = 512, repeats: int = 20) -> float:
-    """GFLOP/s of n x n float32 matmuls in a fresh process whose `threads` OpenMP threads may run only on `cpus`
-    (what `taskset -c` and `OMP_NUM_THREADS` do). A fresh process, because threads inherit affinity when created."""
+
+def _run_pinned(code: str, cpus: set[int], threads: int) -> list[float]:
     import subprocess
     import sys
     allowed = os.sched_getaffinity(0)
@@ -145,7 +164,24 @@ def matmul_gflops_pinned(cpus: set[int], threads: int, n: int = 512, repeats: in
     if threads < 1:
         raise ValueError(f"threads={threads} must be >= 1")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    out = subprocess.run([sys.executable, "-c", _MATMUL_PROBE.format(n=n, repeats=repeats)], env=env,
-                         preexec_fn=lambda: os.sched_setaffinity(0, set(cpus)), capture_output=True, text=True,
-                         timeout=120, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    out = subprocess.run([sys.executable, "-c", code], env=env, preexec_fn=lambda: os.sched_setaffinity(0, set(cpus)),
+                         capture_output=True, text=True, timeout=120, check=True)
+    return [float(v) for v in out.stdout.strip().splitlines()[-1].split()]
+
+
+def placement_probe(cpus: set[int], threads: int, n: int = 512, repeats: int = 20, elems: int = 1 << 16,
+                    ops: int = 2000) -> dict:
+    """In a fresh process whose `threads` OpenMP threads may run only on `cpus`: GFLOP/s of n x n float32 matmuls,
+    and the wall-clock and CPU microseconds of one element-wise op on `elems` floats (a short parallel region ending
+    in a barrier). CPU time counts what the process's threads burned, so other processes' load does not inflate it
+    the way it inflates wall-clock time. With more threads than cores the threads take turns, and a thread that
+    reaches the barrier first spins or sleeps until its partner gets the core: more CPU time for the same work."""
+    gflops, wall_us, cpu_us = _run_pinned(_PLACEMENT_PROBE.format(n=n, repeats=repeats, elems=elems, ops=ops), cpus,
+                                          threads)
+    return {"matmul_gflops": gflops, "elementwise_wall_us": wall_us, "elementwise_cpu_us": cpu_us}
+
+
+def matmul_gflops_pinned(cpus: set[int], threads: int, n: int = 512, repeats: int = 20) -> float:
+    """GFLOP/s of n x n float32 matmuls in a fresh process whose `threads` OpenMP threads may run only on `cpus`
+    (what `taskset -c` and `OMP_NUM_THREADS` do). A fresh process, because threads inherit affinity when created."""
+    return _run_pinned(_MATMUL_PROBE.format(n=n, repeats=repeats), cpus, threads)[0]

@@ -421,4 +421,48 @@ def ep_traffic(indices: torch.Tensor, hidden: int, experts_per_node: int, num_no
     per_expert = token_traffic_bytes(hidden, float(remote_experts.mean()), dispatch_bytes, combine_bytes)
     per_node = token_traffic_bytes(hidden, float(remote_nodes.mean()), dispatch_bytes, combine_bytes)
     return {"nodes_per_token": float(n_nodes.mean()), "max_nodes_per_token": int(n_nodes.max()),
+            "ib_copies_per_expert": float(remote_experts.mean()), "ib_copies_per_node": float(remote_nodes.mean()),
             "ib_bytes_per_expert": per_expert["total"], "ib_bytes_per_node": per_node["total"]}
+
+
+def node_limit_attribution(unlimited: torch.Tensor, limited: torch.Tensor, hidden: int, experts_per_node: int,
+                           num_nodes: int, dispatch_bytes: float = 1.0, combine_bytes: float = 2.0) -> dict:
+    """Split the InfiniBand saving of DeepSeek-V3's routing between its two mechanisms, from routing indices.
+
+    `unlimited` and `limited` [T, k] route the same tokens without and with the node limit (groups = nodes). Mean IB
+    bytes per token for the four combinations:
+    - "per_expert": no limit, one copy per remote expert (no de-duplication);
+    - "node_limited_no_dedup": the node limit alone -- still one copy per remote expert, so it saves ~nothing;
+    - "dedup_no_limit": one copy per distinct remote node, no limit;
+    - "node_limited_dedup": both (DeepSeek-V3's way).
+    Also "saved_by_dedup" (per_expert - dedup_no_limit) and "saved_by_limit" (dedup_no_limit - node_limited_dedup:
+    what the limit adds once copies are de-duplicated), and "statement", one sentence saying so.
+    """
+    if tuple(unlimited.shape) != tuple(limited.shape):
+        raise ValueError(f"unlimited {tuple(unlimited.shape)} and limited {tuple(limited.shape)} must route the same "
+                         f"tokens with the same k")
+    free = ep_traffic(unlimited, hidden, experts_per_node, num_nodes, dispatch_bytes, combine_bytes)
+    lim = ep_traffic(limited, hidden, experts_per_node, num_nodes, dispatch_bytes, combine_bytes)
+    out = {"per_expert": free["ib_bytes_per_expert"], "node_limited_no_dedup": lim["ib_bytes_per_expert"],
+           "dedup_no_limit": free["ib_bytes_per_node"], "node_limited_dedup": lim["ib_bytes_per_node"]}
+    out["saved_by_dedup"] = out["per_expert"] - out["dedup_no_limit"]
+    out["saved_by_limit"] = out["dedup_no_limit"] - out["node_limited_dedup"]
+    kb = {k: v / 1e3 for k, v in out.items()}
+    out["statement"] = (
+        f"per-node de-duplication cuts {kb['per_expert']:.1f} -> {kb['dedup_no_limit']:.1f} KB per token; the node "
+        f"limit then cuts {kb['dedup_no_limit']:.1f} -> {kb['node_limited_dedup']:.1f} KB; without de-duplication "
+        f"the limit alone saves nothing ({kb['per_expert']:.1f} -> {kb['node_limited_no_dedup']:.1f} KB: a token "
+        f"still sends one copy per remote expert)")
+    return out
+
+
+def experts_within_ib_budget(nvlink_gbs: float, ib_gbs: float, max_nodes: int) -> dict:
+    """DeepSeek-V3's argument (report, section 3.2.2) for routing to at most M nodes: a token crosses IB once per
+    node and NVLink once per expert inside it, so while NVLink is `nvlink_gbs / ib_gbs` times faster, up to that
+    many experts per node cost no more time than the single IB transfer; M nodes then allow M x ratio experts at
+    the same communication cost (160 / 50 = 3.2 per node, 4 x 3.2 = 12.8, "up to 13")."""
+    for name, value in (("nvlink_gbs", nvlink_gbs), ("ib_gbs", ib_gbs), ("max_nodes", max_nodes)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name}={value!r} must be a positive number")
+    per_node = nvlink_gbs / ib_gbs
+    return {"experts_per_node": per_node, "experts_at_same_cost": max_nodes * per_node}

@@ -249,3 +249,56 @@ def plan_training(params, tokens, gpu_id: str = "GB200", gpus: int = 100_000, mf
                         energy_mwh=energy_mwh(hours, tdp_w(gpu_id), pue),
                         weights_tb=weight_bytes(params, weight_precision) / 1e12, state_tb=state / 1e12,
                         gpus_to_hold_state=gpus_to_hold(state, gpu_id))
+
+
+# ---------------------------------------------------------------- lab 10's planning explorer
+
+# the explorer's controls: (low, high, step) sliders and option lists, as widgets.explore takes them
+PLAN_CONTROLS = {"params_t": (1.0, 200.0, 1.0), "tokens_t": (1.0, 200.0, 1.0), "active_pct": (1.0, 100.0, 1.0),
+                 "precision": ["bf16", "fp8", "fp4"], "gpu": ["GB200", "B200", "H100-SXM", "H800-SXM"],
+                 "gpus": (1_000, 1_000_000, 1_000), "mfu": (0.05, 1.0, 0.05), "usd_per_gpu_hour": (0.5, 10.0, 0.5)}
+PLAN_DEFAULTS = {"params_t": 100.0, "tokens_t": 29.0, "active_pct": 100.0, "precision": "bf16", "gpu": "GB200",
+                 "gpus": 100_000, "mfu": 0.4, "usd_per_gpu_hour": 2.0}
+
+
+def snap_controls(values: dict, controls: dict = PLAN_CONTROLS) -> dict:
+    """Slider values put back on their step grid: a browser sends 28.999999999999996 for 29 and
+    100.00000000000001 for 100, which would fail `active_fraction <= 1`. A value off the range by more than half a
+    step, or an option not offered, is a ValueError naming the control."""
+    out = {}
+    for name, value in values.items():
+        spec = controls.get(name)
+        if spec is None:
+            raise ValueError(f"{name}={value!r} is not a control; controls: {', '.join(controls)}")
+        if isinstance(spec, tuple):
+            lo, hi, step = spec
+            try:
+                x = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{name}={value!r} must be a number in [{lo}, {hi}]") from None
+            if not (lo - step / 2 <= x <= hi + step / 2):
+                raise ValueError(f"{name}={value!r} is outside [{lo}, {hi}]")
+            x = min(hi, max(lo, lo + round((x - lo) / step) * step))
+            digits = max(0, -math.floor(math.log10(step)) + 1) if step < 1 else 0
+            out[name] = int(round(x)) if isinstance(lo, int) and isinstance(step, int) else round(x, digits)
+        else:
+            if value not in spec:
+                raise ValueError(f"{name}={value!r}; allowed: {', '.join(map(str, spec))}")
+            out[name] = value
+    return out
+
+
+def plan_figure(plan: "TrainingPlan", title: str):
+    """Days to train against the GPU count at three MFUs, this plan marked. Fixed margins, no tight_layout (which
+    can fail inside a widget redraw), so the figure draws the same on every call."""
+    from common import plots
+    fig, ax = plots.figure(title, "GPUs", "days to train", logx=True, logy=True)
+    fig.subplots_adjust(left=0.11, right=0.97, bottom=0.13, top=0.9)
+    counts = [1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000]
+    peak = peak_tflops(plan.gpu_id, plan.dtype) * 1e12
+    for m in (0.2, 0.4, 0.6):
+        ax.plot(counts, [plan.flops / (c * peak * m) / 86400 for c in counts], marker="o", label=f"MFU {m:.0%}")
+    ax.scatter([plan.gpus], [plan.days], s=120, color="black", zorder=3, label="this plan")
+    ax.axhline(365, ls="--", color="gray", label="one year")
+    ax.legend(fontsize=8)
+    return fig

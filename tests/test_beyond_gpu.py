@@ -68,20 +68,48 @@ def test_affinity_probe_and_errors():
 
 
 def test_caching_allocator_fragmentation():
+    MiB = 1 << 20
     a = memory.CachingAllocatorModel()
-    hs = [a.malloc(3 << 20) for _ in range(6)]
+    hs = [a.malloc(3 * MiB) for _ in range(6)]  # one 20 MiB segment (kLargeBuffer), carved 6 x 3 MiB + 2 MiB
+    assert a.stats()["reserved"] == 20 * MiB and a.stats()["allocated"] == 18 * MiB
     for h in hs[::2]:
         a.free(h)
     s = a.stats()
-    assert s["reserved"] == 6 * (4 << 20) and s["allocated"] == 3 * (3 << 20)
-    before = s["reserved"]
-    a.malloc(6 << 20)  # no free block of 6 MiB although 3 x 4 MiB are free
-    assert a.stats()["reserved"] > before
-    small = a.malloc(1000)
-    assert a.stats()["reserved"] == before + (6 << 20) + (2 << 20)
+    assert s["reserved"] == 20 * MiB and s["allocated"] == 9 * MiB and s["largest_free_block"] == 3 * MiB
+    a.malloc(6 * MiB)  # 11 MiB free in the segment, no block of 6 MiB: a second 20 MiB segment
+    assert a.stats()["reserved"] == 40 * MiB and a.stats()["allocated"] == 15 * MiB
+    small = a.malloc(1000)  # small pool: rounded to 1024 B, a 2 MiB segment
+    assert a.stats()["reserved"] == 42 * MiB and a.stats()["allocated"] == 15 * MiB + 1024
     a.free(small)
     with pytest.raises(ValueError, match="not a live allocation"):
         a.free(small)
+    with pytest.raises(ValueError, match="nbytes"):
+        a.malloc(0)
+
+
+def test_caching_allocator_follows_pytorch_sizes():
+    MiB = 1 << 20
+    # PyTorch's constants (c10/cuda/CUDACachingAllocator.cpp)
+    assert (memory.K_MIN_BLOCK_SIZE, memory.K_SMALL_SIZE, memory.K_SMALL_BUFFER, memory.K_MIN_LARGE_ALLOC,
+            memory.K_LARGE_BUFFER, memory.K_ROUND_LARGE) == (512, MiB, 2 * MiB, 10 * MiB, 20 * MiB, 2 * MiB)
+    assert [memory.round_size(n) for n in (1, 512, 513, 1000)] == [512, 512, 1024, 1024]
+    assert [memory.segment_size(n) for n in (512, MiB, MiB + 512, 10 * MiB - 512, 10 * MiB, 11 * MiB)] == \
+        [2 * MiB, 2 * MiB, 20 * MiB, 20 * MiB, 10 * MiB, 12 * MiB]
+    # a large request above 10 MiB: its own segment, rounded to 2 MiB; a rest of <= 1 MiB is not split off
+    a = memory.CachingAllocatorModel()
+    a.malloc(11 * MiB + 100)
+    assert a.stats()["reserved"] == 12 * MiB and a.stats()["allocated"] == 12 * MiB
+    b = memory.CachingAllocatorModel()
+    b.malloc(10 * MiB + 512)  # rest 2 MiB - 512 > 1 MiB: split
+    assert b.stats()["reserved"] == 12 * MiB and b.stats()["allocated"] == 10 * MiB + 512
+    # best fit reuses a freed block of the same pool; small and large pools never mix
+    c = memory.CachingAllocatorModel()
+    h = c.malloc(4 * MiB)
+    c.free(h)
+    c.malloc(2 * MiB)
+    assert c.stats()["segments"] == 1
+    c.malloc(1000)
+    assert c.stats()["segments"] == 2
 
 
 def test_saved_activation_bytes_and_checkpointing():
@@ -103,3 +131,16 @@ def test_sharing_model():
     with pytest.raises(ValueError, match="no MIG profiles"):
         sharing.mig_profiles("B300")
     assert sharing.coupled_step_time(1.0, 0.5, 1 / 7, 2.0) == pytest.approx(8.0)
+
+
+def test_placement_probe_cpu_time_shows_oversubscription():
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("thread affinity needs Linux")
+    cpu = min(os.sched_getaffinity(0))
+    one = hostside.placement_probe({cpu}, 1, n=128, repeats=3, ops=500)
+    two = hostside.placement_probe({cpu}, 2, n=128, repeats=3, ops=500)
+    assert set(one) == {"matmul_gflops", "elementwise_wall_us", "elementwise_cpu_us"}
+    # two threads taking turns on one core burn more CPU for the same work (2-3x measured on a loaded 2-core box)
+    assert two["elementwise_cpu_us"] > 1.1 * one["elementwise_cpu_us"]
+    with pytest.raises(ValueError, match="threads=0"):
+        hostside.placement_probe({cpu}, 0)

@@ -68,7 +68,8 @@ def test_deepseek_gate():
         perm = torch.randperm(i.shape[1])
         return w[:, perm], i[:, perm]
     assert lab06.check_deepseek_gate(shuffled).passed
-    assert lab06.check_deepseek_gate(lambda *a: moe.deepseek_v3_gate(*a)).passed
+    with pytest.raises(CheckFailed, match="called common.moe.deepseek_v3_gate, the reference"):
+        lab06.check_deepseek_gate(lambda *a: moe.deepseek_v3_gate(*a))
     cases = [(dict(groups=False), "ignored the group limit"),
              (dict(use_bias=False), "bias was not used to choose"),
              (dict(group_by_max=True), "sum of their top-2 scores"),
@@ -113,7 +114,8 @@ def _per_token_layer(x, weights, indices, experts):
 
 def test_moe_layer_sorted():
     assert lab06.check_moe_layer_sorted(_sorted_layer).passed
-    assert lab06.check_moe_layer_sorted(lambda *a: moe.moe_grouped(*a)).passed
+    with pytest.raises(CheckFailed, match="called common.moe.moe_grouped"):
+        lab06.check_moe_layer_sorted(lambda *a: moe.moe_grouped(*a))
     with pytest.raises(CheckFailed, match="without the gate weights"):
         lab06.check_moe_layer_sorted(lambda *a: _sorted_layer(*a, weighted=False))
     with pytest.raises(CheckFailed, match="called .* times"):
@@ -133,7 +135,7 @@ def test_update_bias():
         lab06.check_update_bias(lambda b, load, g: b + g * torch.sign(load - load.mean()))
     with pytest.raises(CheckFailed, match="proportional"):
         lab06.check_update_bias(lambda b, load, g: b + g * (load.mean() - load))
-    with pytest.raises(CheckFailed, match="new bias"):
+    with pytest.raises(CheckFailed, match=r"expert \d+ \(load"):
         lab06.check_update_bias(lambda b, load, g: b + g * torch.sign(load.median() - load))
     assert lab06.check_update_bias(_stub).status == "not attempted"
 
@@ -161,7 +163,8 @@ def _counts(load, r):
 
 def test_replica_counts():
     assert lab06.check_replica_counts(_counts).passed
-    assert lab06.check_replica_counts(lambda load, r: eplb.replicate_experts(load[None], r)[2][0]).passed
+    with pytest.raises(CheckFailed, match="called common.eplb.replicate_experts"):
+        lab06.check_replica_counts(lambda load, r: eplb.replicate_experts(load[None], r)[2][0])
     def heaviest(load, r):
         cnt = torch.ones(len(load), dtype=torch.int64)
         cnt[int(load.argmax())] += r - len(load)
@@ -175,3 +178,98 @@ def test_replica_counts():
     with pytest.raises(CheckFailed, match="at least one replica"):
         lab06.check_replica_counts(lambda load, r: torch.cat([torch.zeros(1, dtype=torch.long), _counts(load, r)[1:]]))
     assert lab06.check_replica_counts(_stub).status == "not attempted"
+
+
+# ---------------------------------------------------------------- issue 12: the classes of holes, per checker
+
+def test_ffn_params_mistakes_named_by_their_own_formula():
+    def active_two_mats(*a):
+        t, act = _ffn(*a)
+        h, f, nr, ns, k, L = a
+        return t, act - L * (k + ns) * h * f
+    with pytest.raises(CheckFailed, match="active .* counts 2 matrices"):
+        lab06.check_moe_ffn_params(active_two_mats)
+    def gate_topk_rows(*a):
+        t, act = _ffn(*a)
+        h, f, nr, ns, k, L = a
+        return t, act - L * (nr - k) * h
+    with pytest.raises(CheckFailed, match="only top_k=8 rows of the router"):
+        lab06.check_moe_ffn_params(gate_topk_rows)
+    with pytest.raises(CheckFailed, match="one layer's count"):
+        lab06.check_moe_ffn_params(lambda h, f, nr, ns, k, L: _ffn(h, f, nr, ns, k, 1))
+    with pytest.raises(CheckFailed, match=r"moe_ffn_params\(7168, .*raised ZeroDivisionError"):
+        lab06.check_moe_ffn_params(lambda *a: 1 / 0)
+    with pytest.raises(CheckFailed, match="pair of ints; got str"):
+        lab06.check_moe_ffn_params(lambda *a: "12")
+
+
+def test_gate_negative_biased_scores_and_seed():
+    # masking the dropped groups with 0 instead of -inf only shows when biased scores are negative
+    def zero_fill(logits, bias, k, ng, tg, scale):
+        return _zero_filled_gate(logits, bias, k, ng, tg, scale)
+    with pytest.raises(CheckFailed, match=r"masked with 0.*seed \d+"):
+        lab06.check_deepseek_gate(zero_fill)
+    # float32 weights are a right answer
+    assert lab06.check_deepseek_gate(lambda *a: (_gate(*a)[0].float(), _gate(*a)[1].int())).passed
+    with pytest.raises(CheckFailed, match="return \\(weights, indices\\); got dict"):
+        lab06.check_deepseek_gate(lambda *a: {"w": 1})
+
+
+def _zero_filled_gate(logits, bias, k, ng, tg, scale):
+    scores = torch.sigmoid(logits)
+    choice = scores + bias
+    t, e = choice.shape
+    grouped = choice.view(t, ng, e // ng)
+    keep = grouped.topk(min(2, e // ng), -1).values.sum(-1).topk(tg, -1).indices
+    mask = torch.zeros(t, ng, dtype=torch.bool).scatter_(1, keep, True).repeat_interleave(e // ng, 1)
+    idx = (choice * mask).topk(k, -1).indices  # dropped groups become 0
+    w = scores.gather(1, idx)
+    return w / w.sum(-1, keepdim=True) * scale, idx
+
+
+def test_moe_layer_must_not_modify_its_input():
+    def in_place(x, w, i, experts):
+        out = _sorted_layer(x, w, i, experts)
+        w.mul_(0)
+        return out
+    with pytest.raises(CheckFailed, match="modified its input `weights`"):
+        lab06.check_moe_layer_sorted(in_place)
+
+
+def test_update_bias_zero_step_ties_and_float32():
+    # torch.where with Python floats computes the step in float32: a right answer
+    assert lab06.check_update_bias(lambda b, load, g: b + torch.where(load > load.mean(), -g, torch.where(
+        load < load.mean(), g, 0.0))).passed
+    # a comparison that puts the expert sitting exactly on the mean on one side
+    with pytest.raises(CheckFailed, match="exactly the mean load"):
+        lab06.check_update_bias(lambda b, load, g: b + torch.where(load > load.mean(), -g, g))
+    with pytest.raises(CheckFailed, match="exactly the mean load"):
+        lab06.check_update_bias(lambda b, load, g: b - torch.where(load >= load.mean(), g, -g))
+    with pytest.raises(CheckFailed, match="must be \\[E\\]"):
+        lab06.check_update_bias(lambda b, load, g: (b + g * torch.sign(load.mean() - load))[:-1])
+
+
+def test_expected_nodes_upper_bound_named():
+    with pytest.raises(CheckFailed, match="most nodes a token can reach"):
+        lab06.check_expected_nodes(lambda e, k, n: min(k, n))
+
+
+def test_replica_counts_ties_either_way_and_wrong_types():
+    def last_argmax(load, r):
+        cnt = torch.ones(len(load), dtype=torch.int64)
+        for _ in range(r - len(load)):
+            ratio = (load / cnt).flip(0)
+            cnt[len(load) - 1 - int(ratio.argmax())] += 1
+        return cnt
+    assert lab06.check_replica_counts(last_argmax).passed
+    with pytest.raises(CheckFailed, match="one integer count per expert"):
+        lab06.check_replica_counts(lambda load, r: {"counts": 1})
+
+
+def test_gate_must_not_modify_its_input():
+    def in_place(logits, bias, k, ng, tg, scale):
+        w, i = _gate(logits, bias, k, ng, tg, scale)
+        logits.sigmoid_()
+        return w, i
+    with pytest.raises(CheckFailed, match="modified its input `logits`"):
+        lab06.check_deepseek_gate(in_place)

@@ -44,23 +44,90 @@ def test_paged_waste():
     assert lab11.check_paged_waste(_stub).status == "not attempted"
 
 
+def _shared(d, n, m):
+    if m == "time-slicing":
+        return d
+    if m == "mig":
+        return min(n, 7) * min(d, 1 / 7)
+    return min(1.0, n * d)
+
+
 def test_shared_utilisation():
-    assert lab11.check_shared_utilisation(sharing.shared_utilisation).passed
+    with pytest.raises(CheckFailed, match="passed common.sharing.shared_utilisation itself"):
+        lab11.check_shared_utilisation(sharing.shared_utilisation)
+    assert lab11.check_shared_utilisation(_shared).passed
 
     def mig_uncapped(d, n, m):
-        return min(n, 7) * d if m == "mig" else sharing.shared_utilisation(d, n, m)
+        return min(n, 7) * d if m == "mig" else _shared(d, n, m)
 
     def mig_unlimited(d, n, m):
-        return n * min(d, 1 / 7) if m == "mig" else sharing.shared_utilisation(d, n, m)
+        return n * min(d, 1 / 7) if m == "mig" else _shared(d, n, m)
 
     def mps_uncapped(d, n, m):
-        return n * d if m == "mps" else sharing.shared_utilisation(d, n, m)
+        return n * d if m == "mps" else _shared(d, n, m)
 
     def slicing_adds(d, n, m):
-        return min(1.0, n * d) if m == "time-slicing" else sharing.shared_utilisation(d, n, m)
+        return min(1.0, n * d) if m == "time-slicing" else _shared(d, n, m)
 
     for wrong, match in [(mig_uncapped, "hard slice"), (mig_unlimited, "at most 7"), (mps_uncapped, "cannot exceed"),
                          (slicing_adds, "one context at a time")]:
         with pytest.raises(CheckFailed, match=match):
             lab11.check_shared_utilisation(wrong)
     assert lab11.check_shared_utilisation(_stub).status == "not attempted"
+
+
+# ---- issue 12: the classes of holes
+def test_kv_every_element_size_fixed_and_aliasing_broken():
+    # a byte table that treats every value as 2 bytes fails on every call (1- and 4-byte cases are fixed)
+    for _ in range(3):
+        with pytest.raises(CheckFailed, match="fixed 2 bytes per value"):
+            lab11.check_kv_bytes_per_token(lambda l, h, kv, d, b: l * kv * 2 * d * 2)
+    # swapping layers and kv_heads is caught on the asymmetric first case: it must not pass as MHA's 32/32/32
+    with pytest.raises(CheckFailed, match="bytes per token for layers=24"):
+        lab11.check_kv_bytes_per_token(lambda l, h, kv, d, b: kv * kv * 2 * d * b)
+    with pytest.raises(CheckFailed, match="count of values, not bytes"):
+        lab11.check_kv_bytes_per_token(lambda l, h, kv, d, b: l * kv * 2 * d)
+    with pytest.raises(CheckFailed, match=r"kv_bytes_per_token\(24, 32, 8, 128, 2\): your code raised KeyError"):
+        lab11.check_kv_bytes_per_token(lambda *a: {}["x"])
+    with pytest.raises(CheckFailed, match="returned list"):
+        lab11.check_kv_bytes_per_token(lambda *a: [1])
+
+
+def test_mla_one_layer_and_bytes():
+    with pytest.raises(CheckFailed, match="one layer"):
+        lab11.check_mla_bytes_per_token(lambda l, r, p, b: (r + p) * b)
+    with pytest.raises(CheckFailed, match="count of values"):
+        lab11.check_mla_bytes_per_token(lambda l, r, p, b: l * (r + p))
+
+
+def test_paged_waste_input_untouched_and_all_sequences():
+    def sorts_in_place(ls, b):
+        ls.sort()
+        return sum(math.ceil(n / b) * b - n for n in ls)
+    with pytest.raises(CheckFailed, match="changed the list"):
+        lab11.check_paged_waste(sorts_in_place)
+    with pytest.raises(CheckFailed, match="first sequence only"):
+        lab11.check_paged_waste(lambda ls, b: -ls[0] % b)
+    with pytest.raises(CheckFailed, match=r"seed \d+"):
+        lab11.check_paged_waste(lambda ls, b: sum(math.ceil(n / b) * b - n for n in ls) + 1)
+
+
+def test_mig_whole_slice_named():
+    def whole_slice(d, n, m):
+        return min(n, 7) / 7 if m == "mig" else _shared(d, n, m)
+    with pytest.raises(CheckFailed, match="not the whole slice"):
+        lab11.check_shared_utilisation(whole_slice)
+
+
+def test_calling_the_reference_is_caught():
+    with pytest.raises(CheckFailed, match="called common.kvcache.kv_bytes_per_token"):
+        lab11.check_kv_bytes_per_token(lambda l, h, kv, d, b: kvcache.kv_bytes_per_token(l, kv, d, d, b))
+    with pytest.raises(CheckFailed, match="called common.kvcache.paged_waste"):
+        lab11.check_paged_waste(lambda ls, b: kvcache.paged_waste(ls, b))
+
+
+def test_failing_numbers_printed_with_enough_digits():
+    from common.exercises.cases import expect_number
+    # off by one in ~25 million: %.6g would print two equal numbers
+    with pytest.raises(CheckFailed, match=r"expected 25165824, got 25165825"):
+        expect_number(25165825, 25165824, "bytes", rtol=1e-12)

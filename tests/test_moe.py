@@ -154,3 +154,26 @@ def test_traffic():
     assert a["nodes_per_token"] == pytest.approx(moe.expected_distinct_nodes(256, 8, 8), rel=0.03)
     assert b["max_nodes_per_token"] <= 4 < a["max_nodes_per_token"]
     assert b["ib_bytes_per_node"] < a["ib_bytes_per_node"] < a["ib_bytes_per_expert"]
+
+
+def test_node_limit_attribution_splits_the_saving():
+    logits = moe.SkewedRouter.make(256, skew=0.5, dim=32, seed=2).logits(0, 2048)
+    free = moe.deepseek_v3_gate(logits, None, 8, 8, 8, 2.5)[1]
+    lim = moe.deepseek_v3_gate(logits, None, 8, 8, 4, 2.5)[1]
+    a = moe.node_limit_attribution(free, lim, 7168, 32, 8)
+    # the limit alone (one copy per remote expert) saves nothing; de-duplication saves; the limit adds on top of it
+    assert abs(a["node_limited_no_dedup"] - a["per_expert"]) < 0.02 * a["per_expert"]
+    assert a["per_expert"] > a["dedup_no_limit"] > a["node_limited_dedup"]
+    assert a["saved_by_dedup"] + a["saved_by_limit"] == pytest.approx(a["per_expert"] - a["node_limited_dedup"])
+    assert "node limit then cuts" in a["statement"]
+    tr = moe.ep_traffic(lim, 7168, 32, 8)
+    assert tr["ib_copies_per_node"] <= 4 and tr["ib_copies_per_expert"] >= tr["ib_copies_per_node"]
+    with pytest.raises(ValueError, match="same tokens"):
+        moe.node_limit_attribution(free, lim[:10], 7168, 32, 8)
+
+
+def test_experts_within_ib_budget_is_deepseeks_13():
+    r = moe.experts_within_ib_budget(160, 50, 4)
+    assert r["experts_per_node"] == pytest.approx(3.2) and round(r["experts_at_same_cost"]) == 13
+    with pytest.raises(ValueError, match="ib_gbs"):
+        moe.experts_within_ib_budget(160, 0, 4)

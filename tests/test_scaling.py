@@ -85,3 +85,55 @@ def test_every_claim_has_a_source():
             assert "http" in scaling.claim_source(group, name)
     for src in data["sources"].values():
         assert src["title"] and src["url"].startswith("http") and src["date"]
+
+
+# ---- lab 10's planning widget with the values a browser sends (issue 18)
+SNAPPED = dict(params_t=99.99999999999999, tokens_t=28.999999999999996, active_pct=100.00000000000001,
+               precision="bf16", gpu="GB200", gpus=100000.00000000001, mfu=0.39999999999999997,
+               usd_per_gpu_hour=2.0000000000000004)
+
+
+def test_snap_controls_puts_browser_values_back_on_the_grid():
+    v = scaling.snap_controls(SNAPPED)
+    assert v == {**scaling.PLAN_DEFAULTS, "params_t": 100.0, "tokens_t": 29.0}
+    assert isinstance(v["gpus"], int) and v["mfu"] == 0.4 and v["active_pct"] == 100.0
+    assert scaling.snap_controls({"mfu": 0.15000000000000002})["mfu"] == 0.15
+    with pytest.raises(ValueError, match="active_pct=150"):
+        scaling.snap_controls({"active_pct": 150})
+    with pytest.raises(ValueError, match="precision='fp2'"):
+        scaling.snap_controls({"precision": "fp2"})
+    with pytest.raises(ValueError, match="not a control"):
+        scaling.snap_controls({"nodes": 3})
+
+
+def _notebook_callback():
+    import nbformat
+    from common.env import REPO_ROOT
+    nb = nbformat.read(REPO_ROOT / "solutions" / "10_scaling_and_cost.ipynb", 4)
+    src = next(c.source for c in nb.cells if c.source.startswith("def show_plan("))
+    return src.split("\n\n\nexplore(")[0]
+
+
+def test_lab10_widget_callback_draws_with_snapped_values(capsys):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    shown = []
+
+    def display(fig):  # what the notebook's display does, headless: draw the figure completely
+        fig.canvas.draw()
+        shown.append(fig)
+
+    ns = {"scaling": scaling, "pd": pd, "plt": plt, "display": display}
+    exec(_notebook_callback(), ns)  # noqa: S102 -- the notebook's own callback
+    for values in (SNAPPED, {**SNAPPED, "precision": "fp8", "gpu": "H800-SXM", "active_pct": 5.000000000000001,
+                             "params_t": 0.9999999999999999 + 0.0}):
+        ns["show_plan"](**values)
+    out = capsys.readouterr().out
+    assert "Not possible" not in out and len(shown) == 2
+    assert "1.74e+28" in out  # 6 x 100T x 29T: the snapped values gave the plan of the text
+    # no tight_layout: the figure keeps its fixed margins
+    assert shown[0].get_layout_engine() is None and shown[0].subplotpars.left == pytest.approx(0.11)
+    ns["show_plan"](**{**SNAPPED, "precision": "fp4", "gpu": "H100-SXM"})
+    assert "Not possible" in capsys.readouterr().out  # asked of the plan, said in words, not a traceback

@@ -2,92 +2,133 @@
 from __future__ import annotations
 
 import math
-import random
 
 from common import kvcache, sharing
-from common.checks import checker, expect, expect_close
+from common.checks import checker, expect, fail
+from common.exercises.cases import as_number, expect_number, fresh_cases, learner_call
+
+BYTES_PER_VALUE = (1, 2, 4)  # FP8/INT8, BF16/FP16, FP32: each gets a fixed case
 
 
 @checker("11.1", "KV-cache bytes per token (MHA / GQA)")
 def check_kv_bytes_per_token(fn):
     """fn(layers, heads, kv_heads, head_dim, bytes_per_value) -> bytes of K and V cached per token."""
-    rng = random.Random()
-    cases = [(32, 32, 32, 128, 2), (80, 64, 8, 128, 2)] + [
-        (rng.randint(1, 96), h, rng.choice([d for d in (1, 2, 4, 8, h) if h % d == 0]), rng.choice([64, 128]),
-         rng.choice([1, 2, 4])) for h in (rng.choice([16, 32, 64, 128]) for _ in range(5))]
-    for layers, heads, kv_heads, d, b in cases:
-        expected = kvcache.kv_bytes_per_token(layers, kv_heads, d, d, b)
-        got = fn(layers, heads, kv_heads, d, b)
-        where = f"layers={layers}, heads={heads}, kv_heads={kv_heads}, head_dim={d}, bytes={b}"
-        if kv_heads != heads and got == kvcache.kv_bytes_per_token(layers, heads, d, d, b):
-            expect(False, f"{where}: you cached K and V for all {heads} query heads; with grouped-query attention "
-                          f"only the {kv_heads} KV heads are cached")
-        if got == expected / 2:
-            expect(False, f"{where}: got {got}, half the answer -- both K and V are cached")
-        if got == expected / layers and layers > 1:
-            expect(False, f"{where}: got {got}, the figure for one layer -- every layer has its own cache")
-        expect_close(got, expected, f"bytes per token for {where}", rtol=1e-12, atol=0)
-    return "K and V, per KV head, per layer (GQA caches only the KV heads)"
+    with fresh_cases() as cases:
+        rng = cases.rng
+        # asymmetric first cases (layers, heads, kv_heads, head_dim and bytes all different, so no two mistakes give
+        # the same number), every element size fixed, MHA and MQA included
+        cases_ = [(24, 32, 8, 128, 2), (80, 64, 8, 96, 1), (28, 16, 4, 64, 4), (32, 32, 32, 128, 2),
+                  (18, 8, 1, 256, 2)] + [
+            (rng.randint(1, 96), h, rng.choice([d for d in (1, 2, 4, 8, h) if h % d == 0]), rng.choice([64, 128]),
+             rng.choice(BYTES_PER_VALUE)) for h in (rng.choice([16, 32, 64, 128]) for _ in range(4))]
+        for layers, heads, kv_heads, d, b in cases_:
+            expected = kvcache.kv_bytes_per_token(layers, kv_heads, d, d, b)
+            where = f"layers={layers}, heads={heads}, kv_heads={kv_heads}, head_dim={d}, bytes={b}"
+            call = f"kv_bytes_per_token({layers}, {heads}, {kv_heads}, {d}, {b})"
+            got = as_number(learner_call(fn, (layers, heads, kv_heads, d, b), call,
+                                                ((kvcache, "kv_bytes_per_token"),)), call, "bytes, a number")
+            mistakes = [
+                (kv_heads != heads, layers * heads * 2 * d * b,
+                 f"you cached K and V for all {heads} query heads; with grouped-query attention only the "
+                 f"{kv_heads} KV heads are cached"),
+                (True, expected / 2, "half the answer -- both K and V are cached"),
+                (layers > 1, expected / layers, "the figure for one layer -- every layer has its own cache"),
+                (b != 1, expected / b, "the count of values, not bytes -- multiply by bytes_per_value"),
+                (b != 2, expected / b * 2, "a fixed 2 bytes per value -- use bytes_per_value"),
+                (True, expected * 8, "bits, not bytes"),
+            ]
+            named = [why for applies, value, why in mistakes if applies and math.isclose(got, value, rel_tol=1e-12)
+                     and not math.isclose(value, expected, rel_tol=1e-12)]
+            if named:
+                fail(f"{where}: got {got:.10g}: {' or '.join(named)}")
+            expect_number(got, expected, f"bytes per token for {where}", rtol=1e-12)
+    return "K and V, per KV head, per layer (GQA caches only the KV heads), for 1-, 2- and 4-byte values"
 
 
 @checker("11.2", "MLA cache bytes per token")
 def check_mla_bytes_per_token(fn):
     """fn(layers, kv_lora_rank, rope_dim, bytes_per_value) -> bytes cached per token by multi-head latent attention."""
-    rng = random.Random()
-    cases = [(61, 512, 64, 2)] + [(rng.randint(1, 100), rng.choice([256, 512, 1024]), rng.choice([32, 64]),
-                                   rng.choice([1, 2])) for _ in range(5)]
-    for layers, rank, rope, b in cases:
-        expected = kvcache.mla_bytes_per_token(layers, rank, rope, b)
-        got = fn(layers, rank, rope, b)
-        where = f"layers={layers}, kv_lora_rank={rank}, rope_dim={rope}, bytes={b}"
-        if got == layers * rank * b:
-            expect(False, f"{where}: you left out the decoupled RoPE key ({rope} values per layer), which MLA "
-                          f"caches beside the latent")
-        if got == 2 * expected:
-            expect(False, f"{where}: got twice the answer -- MLA caches ONE latent from which both K and V are "
-                          f"recovered, not separate K and V")
-        expect_close(got, expected, f"MLA bytes per token for {where}", rtol=1e-12, atol=0)
+    with fresh_cases() as cases:
+        rng = cases.rng
+        cases_ = [(61, 512, 64, 2), (27, 256, 32, 1), (40, 1024, 64, 4)] + [
+            (rng.randint(1, 100), rng.choice([256, 512, 1024]), rng.choice([32, 64]), rng.choice(BYTES_PER_VALUE))
+            for _ in range(4)]
+        for layers, rank, rope, b in cases_:
+            expected = kvcache.mla_bytes_per_token(layers, rank, rope, b)
+            where = f"layers={layers}, kv_lora_rank={rank}, rope_dim={rope}, bytes={b}"
+            call = f"mla_bytes_per_token({layers}, {rank}, {rope}, {b})"
+            got = as_number(learner_call(fn, (layers, rank, rope, b), call, ((kvcache, "mla_bytes_per_token"),)),
+                            call, "bytes, a number")
+            if got == layers * rank * b:
+                fail(f"{where}: you left out the decoupled RoPE key ({rope} values per layer), which MLA caches "
+                     f"beside the latent")
+            if got == 2 * expected or got == layers * (2 * rank + rope) * b:
+                fail(f"{where}: got {got:.10g}: MLA caches ONE latent from which both K and V are recovered, not "
+                     f"separate K and V")
+            if layers > 1 and got == expected / layers:
+                fail(f"{where}: got {got:.10g}, the figure for one layer -- every layer caches its own latent")
+            if b != 1 and got == expected / b:
+                fail(f"{where}: got {got:.10g}, the count of values -- multiply by bytes_per_value")
+            expect_number(got, expected, f"MLA bytes per token for {where}", rtol=1e-12)
     return "layers x (latent + RoPE key) x bytes: 576 values per layer for DeepSeek-V3"
 
 
 @checker("11.3", "waste of paged allocation")
 def check_paged_waste(fn):
     """fn(lengths, block_size) -> token slots reserved but unused when each sequence gets whole blocks."""
-    rng = random.Random()
-    cases = [([16, 32, 48], 16), ([1, 17, 33], 16), ([5], 8)] + [
-        ([rng.randint(1, 4000) for _ in range(rng.randint(1, 50))], rng.choice([8, 16, 32, 128])) for _ in range(5)]
-    for lengths, block in cases:
-        expected = kvcache.paged_waste(lengths, block)
-        got = fn(list(lengths), block)
-        if lengths == [16, 32, 48] and got != 0:
-            expect(False, f"lengths {lengths} with block {block}: got {got}; a length that is an exact multiple of "
-                          f"the block fills its blocks exactly (waste 0) -- use ceil(n / block), not n // block + 1")
-        if lengths == [1, 17, 33] and got == sum(n - (n // block) * block for n in lengths):
-            expect(False, f"lengths {lengths} with block {block}: you counted the tokens in the last, partial block; "
-                          f"the waste is the EMPTY slots of that block")
-        expect(got == expected, f"paged_waste({lengths[:6]}{'...' if len(lengths) > 6 else ''}, {block}): "
-                                f"expected {expected}, got {got}")
+    with fresh_cases() as cases:
+        rng = cases.rng
+        cases_ = [([16, 32, 48], 16), ([1, 17, 33], 16), ([5], 8), ([40, 7, 64, 100], 32)] + [
+            ([rng.randint(1, 4000) for _ in range(rng.randint(1, 50))], rng.choice([8, 16, 32, 128]))
+            for _ in range(5)]
+        for lengths, block in cases_:
+            expected = kvcache.paged_waste(lengths, block)
+            shown = f"{lengths[:6]}{'...' if len(lengths) > 6 else ''}"
+            call = f"paged_waste({shown}, {block})"
+            passed = list(lengths)
+            got = as_number(learner_call(fn, (passed, block), call, ((kvcache, "paged_waste"),)), call,
+                            "a number of token slots")
+            expect(passed == lengths, f"{call}: your function changed the list of lengths it was given; work on a "
+                                      f"copy")
+            plus_one = sum((n // block + 1) * block - n for n in lengths)
+            if got == plus_one and got != expected:
+                fail(f"lengths {shown} with block {block}: got {got:.0f}; a length that is an exact multiple of "
+                     f"the block fills its blocks exactly (waste 0) -- use ceil(n / block), not n // block + 1")
+            if got == sum(n % block for n in lengths) and got != expected:
+                fail(f"lengths {shown} with block {block}: got {got:.0f}: you counted the tokens in the last, "
+                     f"partial block; the waste is the EMPTY slots of that block")
+            if got == sum(-n % block for n in lengths[:1]) and len(lengths) > 1 and got != expected:
+                fail(f"lengths {shown} with block {block}: got {got:.0f}, the waste of the first sequence only; "
+                     f"sum over every sequence")
+            expect(got == expected, f"{call}: expected {expected}, got {got:.10g}")
     return "sum of ceil(n / block) * block - n: less than one block per sequence"
 
 
 @checker("11.4", "GPU sharing utilisation")
 def check_shared_utilisation(fn):
     """fn(demand, n_jobs, mode) -> fraction of the GPU kept busy; mode in time-slicing, mig, mps (7 MIG slices)."""
-    rng = random.Random()
-    cases = [(0.1, 7, "mig"), (0.3, 3, "mig"), (0.1, 10, "mig"), (0.3, 5, "mps"), (0.1, 4, "time-slicing")] + [
-        (round(rng.uniform(0.02, 1.0), 3), rng.randint(1, 12), rng.choice(sharing.MODES)) for _ in range(8)]
-    for demand, n, mode in cases:
-        expected = sharing.shared_utilisation(demand, n, mode)
-        got = fn(demand, n, mode)
-        where = f"demand={demand}, n_jobs={n}, mode={mode!r}"
-        if mode == "mig" and demand > 1 / 7 and math.isclose(got, min(n, 7) * demand):
-            expect(False, f"{where}: a MIG instance is a hard slice of 1/7 of the SMs; a job cannot use more than "
-                          f"its slice however much it wants")
-        if mode == "mig" and n > 7 and math.isclose(got, n * min(demand, 1 / 7)):
-            expect(False, f"{where}: at most 7 MIG instances fit on the GPU; the other jobs wait")
-        if mode == "mps" and n * demand > 1 and got > 1:
-            expect(False, f"{where}: got {got:.3f}; utilisation cannot exceed the whole GPU (1.0)")
-        if mode == "time-slicing" and n > 1 and math.isclose(got, min(1.0, n * demand)):
-            expect(False, f"{where}: time slicing runs one context at a time, so the jobs do not add up")
-        expect_close(got, expected, f"utilisation for {where}", rtol=1e-9, atol=1e-12)
+    with fresh_cases() as cases:
+        rng = cases.rng
+        cases_ = [(0.1, 7, "mig"), (0.3, 3, "mig"), (0.1, 10, "mig"), (0.3, 5, "mps"), (0.1, 4, "time-slicing"),
+                  (0.2, 3, "mps"), (0.05, 9, "mig")] + [
+            (round(rng.uniform(0.02, 1.0), 3), rng.randint(1, 12), rng.choice(sharing.MODES)) for _ in range(8)]
+        for demand, n, mode in cases_:
+            expected = sharing.shared_utilisation(demand, n, mode)
+            where = f"demand={demand}, n_jobs={n}, mode={mode!r}"
+            call = f"shared_utilisation({demand}, {n}, {mode!r})"
+            got = as_number(learner_call(fn, (demand, n, mode), call, ((sharing, "shared_utilisation"),)), call,
+                            "a fraction")
+            if mode == "mig" and demand > 1 / 7 and math.isclose(got, min(n, 7) * demand):
+                fail(f"{where}: a MIG instance is a hard slice of 1/7 of the SMs; a job cannot use more than its "
+                     f"slice however much it wants")
+            if mode == "mig" and n > 7 and math.isclose(got, n * min(demand, 1 / 7)):
+                fail(f"{where}: at most 7 MIG instances fit on the GPU; the other jobs wait")
+            if mode == "mig" and not math.isclose(expected, min(n, 7) / 7) and math.isclose(got, min(n, 7) / 7):
+                fail(f"{where}: got {got:.4g}: a job uses at most its demand ({demand}) inside its 1/7 slice, not "
+                     f"the whole slice")
+            if mode == "mps" and n * demand > 1 and got > 1:
+                fail(f"{where}: got {got:.4g}; utilisation cannot exceed the whole GPU (1.0)")
+            if mode == "time-slicing" and n > 1 and math.isclose(got, min(1.0, n * demand)):
+                fail(f"{where}: time slicing runs one context at a time, so the jobs do not add up")
+            expect_number(got, expected, f"utilisation for {where}", rtol=1e-9, atol=1e-12)
     return "time slicing keeps one job's demand; MIG caps each job at its slice; MPS adds demands up to 1"
