@@ -387,6 +387,18 @@ def hello_worker(rank: int, world_size: int) -> dict:
             "sum": float(t.item())}
 
 
+def tasks_worker(rank: int, world_size: int, tasks: Sequence) -> list:
+    """Run several workers one after the other in ONE process group: `tasks` is a list of (worker, args); returns
+    [worker(rank, world_size, *args) for each]. Starting a group costs seconds (fresh processes import torch), so a
+    lab that measures several things starts one group and hands it all of them."""
+    import torch.distributed as dist
+    out = []
+    for worker, args in tasks:
+        out.append(worker(rank, world_size, *args))
+        dist.barrier()
+    return out
+
+
 def failing_worker(rank: int, world_size: int, bad_rank: int = 1, message: str = "boom") -> int:
     """Rank `bad_rank` raises ValueError(message) while the others wait in an all-reduce that never completes."""
     import torch

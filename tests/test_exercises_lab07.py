@@ -125,3 +125,54 @@ def test_reference_fit_matches_exercise_convention():
     sizes = C.log_sizes(2**10, 2**26)
     times = [C.ring_allreduce_time(n, 4, 7e-6, 20e9) for n in sizes]
     assert np.allclose(_fit(sizes, times, 4), (7e-6, 20e9), rtol=1e-9)
+
+
+# ---- 7.4 send counts of the node-aware EP dispatch
+
+def _counts(dedup=True, shift=0, first_rank=False, skip_own=False, per_expert_rank=False):
+    def f(indices, e, world, g, rank):
+        epr = e // world
+        counts = [0] * world
+        for row in indices.tolist():
+            if per_expert_rank:
+                for x in row:
+                    counts[x // epr] += 1
+                continue
+            nodes = [x // (epr * g) for x in row]
+            for m in (sorted(set(nodes)) if dedup else nodes):
+                dest = m * g + (0 if first_rank else rank % g)
+                counts[(dest + shift) % world] += 1
+        if skip_own:
+            counts[rank] = 0
+        return counts
+    return f
+
+
+def test_send_counts_right_and_stub():
+    assert lab07.check_send_counts(_counts()).passed
+    assert lab07.check_send_counts(lambda *a: np.array(_counts()(*a))).passed  # an array is fine
+    assert lab07.check_send_counts(_stub).status == "not attempted"
+
+
+def _mutating(indices, e, world, g, rank):
+    out = _counts()(indices, e, world, g, rank)
+    indices.zero_()
+    return out
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (_counts(dedup=False), r"forgotten de-duplication"),
+    (_counts(shift=1), r"off-by-one rank \(counts shifted one rank up\)"),
+    (_counts(shift=-1), r"off-by-one rank \(counts shifted one rank down\)"),
+    (_counts(first_rank=True), r"wrong destination rank .*first rank"),
+    (_counts(skip_own=True), r"own node left out"),
+    (_counts(per_expert_rank=True), r"flat split"),
+    (lambda *a: {"counts": _counts()(*a)}, r"expected a list of 8 ints|returned 1 counts"),
+    (lambda *a: 3, r"returned int 3; expected a list of 8 ints"),
+    (lambda *a: _counts()(*a)[:-1], r"returned 7 counts"),
+    (lambda *a: [c * 2 for c in _counts()(*a)], r"the counts sum to"),
+    (_mutating, r"modified `indices`"),
+])
+def test_send_counts_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        lab07.check_send_counts(wrong)

@@ -163,3 +163,98 @@ def check_fit_alpha_beta(fit_alpha_beta):
         expect_close(a, ref.alpha_s, f"alpha from {where}", rtol=1e-4)
         expect_close(b, ref.bandwidth_Bps, f"bandwidth from {where}", rtol=1e-4)
     return "recovers alpha and the link bandwidth, fitting relative error"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 7.4 expert-parallel send counts (node-aware dispatch)
+
+
+def _routing(seed: int, tokens: int, num_experts: int, k: int):
+    """Random routing: each token picks k distinct experts (seeded)."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(tokens, num_experts, generator=g).topk(k, dim=-1).indices
+
+
+def _count_mistakes(indices, num_experts, world, g, rank):
+    """The send counts of each known mistake, by its own formula."""
+    import torch
+    from common import expert_parallel as EP
+    epr = num_experts // world
+    nodes = indices // (epr * g)
+    local = rank % g
+    per_pair = [0] * world  # forgotten de-duplication: one copy per (token, expert) to the node's gateway
+    for m, c in enumerate(torch.bincount(nodes.reshape(-1), minlength=world // g).tolist()):
+        per_pair[m * g + local] = c
+    ranks = indices // epr
+    hit_r = torch.zeros(indices.shape[0], world, dtype=torch.bool).scatter_(1, ranks, True)
+    right = EP.node_send_counts(indices, num_experts, world, g, rank)
+    first_rank = [0] * world
+    for m in range(world // g):
+        first_rank[m * g] = right[m * g + local]
+    no_own = list(right)
+    no_own[rank] = 0
+    return {
+        "forgotten de-duplication (one copy per (token, expert) instead of one per (token, node))": per_pair,
+        "flat split (one copy per expert, to the expert's own rank)": EP.flat_send_counts(indices, num_experts, world),
+        "per-rank split (one copy per (token, destination rank), to that rank: de-duplicated by rank, not by node)":
+            hit_r.sum(0).tolist(),
+        "wrong destination rank (every copy to the node's first rank instead of the rank with your local index)":
+            first_rank,
+        "own node left out (your own node's copy goes to yourself: counts[rank] is the tokens with an expert on "
+        "your node)": no_own,
+        "off-by-one rank (counts shifted one rank up)": right[-1:] + right[:-1],
+        "off-by-one rank (counts shifted one rank down)": right[1:] + right[:1],
+    }
+
+
+@checker("7.4", "send counts of the node-aware expert-parallel dispatch")
+def check_send_counts(send_counts):
+    """send_counts(indices, num_experts, world_size, ranks_per_node, rank) -> list of world_size ints: the rows this
+    rank sends to each rank in the node-aware dispatch's first hop."""
+    import torch
+    from common import expert_parallel as EP
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    # fixed, asymmetric cases first (several ranks per node, a rank that is not local 0, unequal node loads), then
+    # random ones with a fresh seed (printed in a failure)
+    cases = [(8, 4, 5, 32, 4, 12, 11), (6, 2, 3, 24, 3, 10, 12), (12, 3, 7, 36, 5, 9, 13), (4, 1, 2, 16, 4, 7, 14)]
+    for _ in range(3):
+        g = rng.choice([1, 2, 4])
+        world = g * rng.randint(2, 4)
+        epr = rng.randint(1, 4)
+        e = world * epr
+        cases.append((world, g, rng.randrange(world), e, rng.randint(1, min(8, e)), rng.randint(1, 40),
+                      rng.randrange(2**31)))
+    for i, (world, g, rank, e, k, tokens, s) in enumerate(cases):
+        indices = _routing(s, tokens, e, k)
+        before = indices.clone()
+        where = (f"send_counts(indices [{tokens} tokens x top-{k}], num_experts={e}, world_size={world}, "
+                 f"ranks_per_node={g}, rank={rank})" + (f" [random case, checker seed {seed}]" if i >= 4 else ""))
+        got = send_counts(indices, e, world, g, rank)
+        expect(torch.equal(indices, before), f"{where} modified `indices`; read it, do not change it")
+        try:
+            got_list = [int(v) for v in (got.tolist() if hasattr(got, "tolist") else got)]
+        except (TypeError, ValueError):
+            fail(f"{where} returned {type(got).__name__} {got!r}; expected a list of {world} ints (rows per rank)")
+        expect(len(got_list) == world, f"{where} returned {len(got_list)} counts {got_list}; expected one per rank: "
+                                       f"{world}")
+        right = EP.node_send_counts(indices, e, world, g, rank)
+        if got_list == right:
+            continue
+        named = [name for name, wrong in _count_mistakes(indices, e, world, g, rank).items() if wrong == got_list]
+        if len(named) == 1:
+            fail(f"{where} = {got_list}, expected {right}: {named[0]}")
+        if named:
+            fail(f"{where} = {got_list}, expected {right}: on this case that is both " + " and ".join(named))
+        n_nodes = world // g
+        nodes = indices // (e // world * g)
+        copies = int(torch.zeros(tokens, n_nodes, dtype=torch.bool).scatter_(1, nodes, True).sum())
+        if sum(got_list) != copies:
+            fail(f"{where} = {got_list}, expected {right}: the counts sum to {sum(got_list)}, but the tokens have "
+                 f"{copies} (token, destination node) pairs, one copy each")
+        bad = next(d for d in range(world) if got_list[d] != right[d])
+        fail(f"{where} = {got_list}, expected {right}: first wrong destination rank {bad} (got {got_list[bad]}, "
+             f"expected {right[bad]}); copies go to rank node * ranks_per_node + (rank % ranks_per_node)")
+    return (f"node-aware send counts right on {len(cases)} cases (1-4 ranks per node): one copy per (token, node), "
+            f"to the rank with your local index there")
