@@ -179,10 +179,13 @@ def _decode_combine(b: torch.Tensor, cfg: EPConfig) -> torch.Tensor:
 
 
 class Exchange:
-    """all_to_all_single of uint8 rows with split sizes; records every call's off-rank bytes per link class."""
+    """all_to_all_single of uint8 rows with split sizes; records every call's off-rank bytes per link class and its
+    time. barrier=True waits for all ranks before each call, so the time is the exchange's own, not a wait for a
+    peer still busy with its local work (packing, encoding)."""
 
-    def __init__(self, rank: int, world_size: int, ranks_per_node: int, device):
+    def __init__(self, rank: int, world_size: int, ranks_per_node: int, device, barrier: bool = False):
         self.rank, self.world, self.g, self.device = rank, world_size, ranks_per_node, device
+        self.barrier = barrier
         self.calls: list = []  # per call: {"name", "sent", "recv", "ib", "nvlink", "meta"} (bytes, off-rank)
 
     def same_node(self, other: int) -> bool:
@@ -193,20 +196,31 @@ class Exchange:
         import torch.distributed as dist
         send = torch.tensor(send_counts, dtype=torch.int64, device=self.device)
         recv = torch.empty_like(send)
+        if self.barrier:
+            dist.barrier()
+        t0 = time.perf_counter()
         dist.all_to_all_single(recv, send)
+        counts = recv.tolist()  # (a device-to-host copy: waits for the exchange)
         self.calls.append({"name": "counts", "sent": 8 * (self.world - 1), "recv": 8 * (self.world - 1),
-                           "ib": 0, "nvlink": 0, "meta": 8 * (self.world - 1)})
-        return recv.tolist()
+                           "ib": 0, "nvlink": 0, "meta": 8 * (self.world - 1), "seconds": time.perf_counter() - t0})
+        return counts
 
     def rows(self, name: str, rows: torch.Tensor, send_counts: list, recv_counts: list,
              payload_bytes: int) -> torch.Tensor:
         """Send `rows` [sum(send_counts), W] uint8 grouped by destination; return the received rows by source."""
         import torch.distributed as dist
+        from common.distributed import synchronize
         width = rows.shape[1]
         out = torch.empty(sum(recv_counts), width, dtype=torch.uint8, device=self.device)
-        dist.all_to_all_single(out, rows.contiguous(), output_split_sizes=list(recv_counts),
-                               input_split_sizes=list(send_counts))
-        rec = {"name": name, "sent": 0, "recv": 0, "ib": 0, "nvlink": 0, "meta": 0}
+        rows = rows.contiguous()
+        synchronize()
+        if self.barrier:
+            dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_to_all_single(out, rows, output_split_sizes=list(recv_counts), input_split_sizes=list(send_counts))
+        synchronize()
+        rec = {"name": name, "sent": 0, "recv": 0, "ib": 0, "nvlink": 0, "meta": 0,
+               "seconds": time.perf_counter() - t0}
         for d in range(self.world):
             if d == self.rank:
                 continue
@@ -368,15 +382,19 @@ def ep_worker(rank: int, world_size: int, cfg_dict: dict, variants=VARIANTS, che
                               if v == "node_aware" else flat_send_counts(indices, cfg.num_experts, world_size))
         for _ in range(warmup):
             FORWARD[v](x, weights, indices, None, cfg, Exchange(rank, world_size, cfg.ranks_per_node, device))
-        times = []
-        for _ in range(repeats):
+        times, comm = [], []
+        for _ in range(repeats):  # the whole layer, as it runs
             dist.barrier()
             synchronize()
             t0 = time.perf_counter()
             FORWARD[v](x, weights, indices, None, cfg, Exchange(rank, world_size, cfg.ranks_per_node, device))
             synchronize()
             times.append(time.perf_counter() - t0)
-        rec["seconds"] = times
+        for _ in range(3 * repeats):  # its exchanges alone, each after a barrier (short: more repeats)
+            ex = Exchange(rank, world_size, cfg.ranks_per_node, device, barrier=True)
+            FORWARD[v](x, weights, indices, None, cfg, ex)
+            comm.append(sum(c["seconds"] for c in ex.calls))
+        rec["seconds"], rec["comm_seconds"] = times, comm
         out["variants"][v] = rec
     return out
 
@@ -416,7 +434,9 @@ def predict_seconds(calls_per_rank: list, alpha_s: float, bandwidth_Bps: float) 
 
 def summarize(per_rank: list, cfg: EPConfig, fit=None) -> dict:
     """Per variant: max_abs_err (worst rank), ib/nvlink/meta bytes (all ranks), model_ib_bytes, bytes_ratio,
-    seconds (median over repeats of the slowest rank) and, given an all-to-all Fit, predicted_seconds."""
+    seconds and fastest_seconds (the whole dispatch + combine: median and minimum over repeats of the slowest rank),
+    comm_seconds and fastest_comm_seconds (the exchanges alone: the sum of the all_to_all calls' times) and, given
+    an all-to-all Fit, predicted_seconds (of the exchanges)."""
     world = len(per_rank)
     model = model_ib_bytes(per_rank, cfg)
     out = {"world_size": world, "nodes": world // cfg.ranks_per_node, "nodes_per_token": model["nodes_per_token"],
@@ -430,7 +450,10 @@ def summarize(per_rank: list, cfg: EPConfig, fit=None) -> dict:
         s["model_ib_bytes"] = model[v]
         s["bytes_ratio"] = s["ib"] / model[v] if model[v] else float("nan")
         n_rep = len(recs[0]["seconds"])
-        s["seconds"] = statistics.median(max(rec["seconds"][i] for rec in recs) for i in range(n_rep))
+        slowest = [max(rec["seconds"][i] for rec in recs) for i in range(n_rep)]
+        s["seconds"], s["fastest_seconds"] = statistics.median(slowest), min(slowest)
+        comm = [max(rec["comm_seconds"][i] for rec in recs) for i in range(n_rep)]
+        s["comm_seconds"], s["fastest_comm_seconds"] = statistics.median(comm), min(comm)
         s["exchanges"] = len(recs[0]["calls"])
         if fit is not None:
             s["predicted_seconds"] = predict_seconds([rec["calls"] for rec in recs], fit.alpha_s, fit.bandwidth_Bps)

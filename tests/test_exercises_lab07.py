@@ -47,6 +47,7 @@ def test_allreduce_time_right_and_stub():
     (_with(recursive_doubling=lambda n, p, a, b: 2 * math.ceil(math.log2(p)) * (a + n / b)), "does not reduce then"),
     (_with(ring=lambda n, p, a, b: 2 * (p - 1) * a + 2 * (p - 1) / p * n * b), "expected"),
     (lambda algorithm, n, p, alpha, bw: _right(algorithm, n, p, alpha, bw) if p > 1 else alpha, "nothing to exchange"),
+    (lambda algorithm, n, p, alpha, bw: [_right(algorithm, n, p, alpha, bw)], r"returned list .*expected a number"),
 ])
 def test_allreduce_time_wrong(wrong, match):
     with pytest.raises(CheckFailed, match=match):
@@ -70,6 +71,8 @@ def test_bus_factor_right_and_stub():
     (lambda c, p: 1 / _factor(c, p), "upside down"),
     (lambda c, p: _factor(c, p) if c != "broadcast" else (p - 1) / p, "bus factor is 1"),
     (lambda c, p: _factor(c, p) * 1.01, "expected"),
+    (lambda c, p: 1.0 if c == "all_reduce" else _factor(c, p), r"factor at p = 2 only"),
+    (lambda c, p: str(_factor(c, p)), r"returned str .*expected a number"),
 ])
 def test_bus_factor_wrong(wrong, match):
     with pytest.raises(CheckFailed, match=match):
@@ -129,11 +132,15 @@ def test_reference_fit_matches_exercise_convention():
 
 # ---- 7.4 send counts of the node-aware EP dispatch
 
-def _counts(dedup=True, shift=0, first_rank=False, skip_own=False, per_expert_rank=False):
+def _counts(dedup=True, shift=0, first_rank=False, skip_own=False, per_expert_rank=False, per_rank=False):
     def f(indices, e, world, g, rank):
         epr = e // world
         counts = [0] * world
         for row in indices.tolist():
+            if per_rank:
+                for r in {x // epr for x in row}:
+                    counts[r] += 1
+                continue
             if per_expert_rank:
                 for x in row:
                     counts[x // epr] += 1
@@ -167,6 +174,7 @@ def _mutating(indices, e, world, g, rank):
     (_counts(first_rank=True), r"wrong destination rank .*first rank"),
     (_counts(skip_own=True), r"own node left out"),
     (_counts(per_expert_rank=True), r"flat split"),
+    (_counts(per_rank=True), r"per-rank split"),
     (lambda *a: {"counts": _counts()(*a)}, r"expected a list of 8 ints|returned 1 counts"),
     (lambda *a: 3, r"returned int 3; expected a list of 8 ints"),
     (lambda *a: _counts()(*a)[:-1], r"returned 7 counts"),

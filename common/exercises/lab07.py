@@ -21,16 +21,21 @@ _RD_NAME = "recursive_doubling"
 @checker("7.1", "all-reduce cost formulas: ring, tree, recursive doubling")
 def check_allreduce_time(allreduce_time):
     """allreduce_time(algorithm, n_bytes, p, alpha, bandwidth) -> seconds, for "ring", "tree", "recursive_doubling"."""
-    rng = random.Random()
-    cases = [(2**20, 8, 5e-6, 100e9), (1000, 2, 1e-6, 1e9), (2**30, 6, 3e-6, 450e9), (64, 1, 5e-6, 1e9)]
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    # fixed cases first: p = 8 (no factor equals 1), p = 6 (not a power of two), p = 2, p = 1; then random ones
+    cases = [(2**20, 8, 5e-6, 100e9), (2**30, 6, 3e-6, 450e9), (1000, 2, 1e-6, 1e9), (64, 1, 5e-6, 1e9)]
     cases += [(rng.randint(1, 2**31), rng.randint(2, 64), rng.uniform(1e-7, 2e-5), rng.uniform(1e9, 9e11))
               for _ in range(6)]
     for algorithm in ("ring", "tree", _RD_NAME):
-        for n, p, alpha, bw in cases:
+        for i, (n, p, alpha, bw) in enumerate(cases):
             expected = C.allreduce_time(algorithm, n, p, alpha, bw)
             got = allreduce_time(algorithm, n, p, alpha, bw)
-            expect(got is not None, f"allreduce_time({algorithm!r}, ...) returned None -- return seconds")
-            where = f"allreduce_time({algorithm!r}, n_bytes={n}, p={p}, alpha={alpha:.3g}, bandwidth={bw:.3g})"
+            where = (f"allreduce_time({algorithm!r}, n_bytes={n}, p={p}, alpha={alpha:.3g}, bandwidth={bw:.3g})"
+                     + (f" [random case, checker seed {seed}]" if i >= 4 else ""))
+            expect(got is not None, f"{where} returned None -- return seconds")
+            if isinstance(got, bool) or not isinstance(got, (int, float)) and not hasattr(got, "__float__"):
+                fail(f"{where} returned {type(got).__name__} {got!r}; expected a number of seconds")
             if _close(got, expected, 1e-6):
                 continue
             if p == 1:
@@ -75,16 +80,23 @@ _FACTOR_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all
 @checker("7.2", "nccl-tests bus factors")
 def check_bus_factor(bus_factor):
     """bus_factor(collective, p) -> busbw / algbw as nccl-tests define it."""
-    rng = random.Random()
-    ps = [2, 8, 3] + [rng.randint(2, 1024) for _ in range(4)]
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    # p = 8 first: at p = 2 the all-reduce factor is 1 (= broadcast's, = 1/itself) and hides several mistakes
+    ps = [8, 3, 2] + [rng.randint(2, 1024) for _ in range(4)]
     for coll in _FACTOR_COLLECTIVES:
-        for p in ps:
+        for i, p in enumerate(ps):
             got = bus_factor(coll, p)
             expected = C.bus_factor(coll, p)
-            where = f"bus_factor({coll!r}, p={p})"
+            where = f"bus_factor({coll!r}, p={p})" + (f" [random case, checker seed {seed}]" if i >= 3 else "")
             expect(got is not None, f"{where} returned None -- return the factor")
+            if isinstance(got, bool) or not isinstance(got, (int, float)) and not hasattr(got, "__float__"):
+                fail(f"{where} returned {type(got).__name__} {got!r}; expected a number")
             if _close(got, expected, 1e-9):
                 continue
+            if coll == "all_reduce" and p != 2 and _close(got, 1.0):
+                fail(f"{where} = 1: that is the all-reduce factor at p = 2 only (2(p-1)/p = 1 there); in general it "
+                     f"is 2(p-1)/p = {expected:.6g}")
             if coll == "all_reduce" and _close(got, (p - 1) / p):
                 fail(f"{where} = {float(got):.6g}: an all-reduce moves 2(p-1)/p of the buffer per rank "
                      f"(reduce-scatter + all-gather), so its factor is 2(p-1)/p = {expected:.6g}")
@@ -125,15 +137,23 @@ def _absolute_fit(sizes, times, p):
 def check_fit_alpha_beta(fit_alpha_beta):
     """fit_alpha_beta(sizes_bytes, seconds, p) -> (alpha_s, bandwidth_Bps) of a ring all-reduce, relative least
     squares."""
-    rng = random.Random()
-    # exact data first: any correct fit recovers the parameters
-    for _ in range(3):
-        p, alpha, bw, sizes, times = _synthetic(rng, 0.0)
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    # exact data first: any correct fit recovers the parameters; a fixed case (p = 6: 2(p-1) = 10 steps, bus factor
+    # 5/3, neither 1 nor 2), then random ones
+    fixed = (6, 20e-6, 10e9, [2**k for k in range(8, 31, 2)])
+    for j in range(3):
+        if j == 0:
+            p, alpha, bw, sizes = fixed
+            times = [C.ring_allreduce_time(n, p, alpha, bw) for n in sizes]
+        else:
+            p, alpha, bw, sizes, times = _synthetic(rng, 0.0)
         got = fit_alpha_beta(sizes, times, p)
         expect(isinstance(got, (tuple, list)) and len(got) == 2,
                f"fit_alpha_beta must return (alpha_seconds, bandwidth_bytes_per_s), got {got!r}")
         a, b = float(got[0]), float(got[1])
-        where = f"noise-free times of a ring all-reduce over p={p} (alpha={alpha:.3g} s, bandwidth={bw:.3g} B/s)"
+        where = (f"noise-free times of a ring all-reduce over p={p} (alpha={alpha:.3g} s, bandwidth={bw:.3g} B/s)"
+                 + (f" [checker seed {seed}]" if j else ""))
         if _close(a, alpha, 1e-4) and _close(b, bw, 1e-4):
             continue
         if _close(a, 2 * (p - 1) * alpha, 1e-4):
@@ -152,7 +172,7 @@ def check_fit_alpha_beta(fit_alpha_beta):
         ref = C.fit_alpha_beta(sizes, times, p)
         got = fit_alpha_beta(sizes, times, p)
         a, b = float(got[0]), float(got[1])
-        where = f"times with 5% noise, p={p}"
+        where = f"times with 5% noise, p={p} [checker seed {seed}]"
         ab_alpha, ab_bw = _absolute_fit(sizes, times, p)
         right = _close(a, ref.alpha_s, 1e-4) and _close(b, ref.bandwidth_Bps, 1e-4)
         if not right and _close(a, ab_alpha, 1e-6) and _close(b, ab_bw, 1e-6):
