@@ -390,7 +390,7 @@ def ep_worker(rank: int, world_size: int, cfg_dict: dict, variants=VARIANTS, che
             FORWARD[v](x, weights, indices, None, cfg, Exchange(rank, world_size, cfg.ranks_per_node, device))
             synchronize()
             times.append(time.perf_counter() - t0)
-        for _ in range(3 * repeats):  # its exchanges alone, each after a barrier (short: more repeats)
+        for _ in range(5 * repeats):  # its exchanges alone, each after a barrier (short: more repeats)
             ex = Exchange(rank, world_size, cfg.ranks_per_node, device, barrier=True)
             FORWARD[v](x, weights, indices, None, cfg, ex)
             comm.append(sum(c["seconds"] for c in ex.calls))

@@ -1,8 +1,10 @@
 """Checkers for lab 07 (collectives): all-reduce cost formulas, nccl-tests bus factors, the alpha/beta fit."""
 from __future__ import annotations
 
+import contextlib
 import math
 import random
+import sys
 
 from common import collectives as C
 from common.checks import checker, expect, expect_close, fail
@@ -18,6 +20,28 @@ def _close(a, b, rtol=1e-6) -> bool:
 _RD_NAME = "recursive_doubling"
 
 
+@contextlib.contextmanager
+def _calls_to(*functions):
+    """Record which of `functions` run inside the block (by code object, so any import path is seen)."""
+    codes = {f.__code__: f"{f.__module__}.{f.__name__}" for f in functions}
+    seen: list = []
+    before = sys.getprofile()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            seen.append(codes[frame.f_code])
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(before)
+
+
+def _no_reference(seen: list, what: str) -> None:
+    if seen:
+        fail(f"{what} called the reference {seen[0]}: this exercise is to write it yourself")
+
+
 @checker("7.1", "all-reduce cost formulas: ring, tree, recursive doubling")
 def check_allreduce_time(allreduce_time):
     """allreduce_time(algorithm, n_bytes, p, alpha, bandwidth) -> seconds, for "ring", "tree", "recursive_doubling"."""
@@ -30,7 +54,9 @@ def check_allreduce_time(allreduce_time):
     for algorithm in ("ring", "tree", _RD_NAME):
         for i, (n, p, alpha, bw) in enumerate(cases):
             expected = C.allreduce_time(algorithm, n, p, alpha, bw)
-            got = allreduce_time(algorithm, n, p, alpha, bw)
+            with _calls_to(C.allreduce_time, *C._ALLREDUCE.values(), C.collective_time) as seen:
+                got = allreduce_time(algorithm, n, p, alpha, bw)
+            _no_reference(seen, "allreduce_time")
             where = (f"allreduce_time({algorithm!r}, n_bytes={n}, p={p}, alpha={alpha:.3g}, bandwidth={bw:.3g})"
                      + (f" [random case, checker seed {seed}]" if i >= 4 else ""))
             expect(got is not None, f"{where} returned None -- return seconds")
@@ -86,7 +112,9 @@ def check_bus_factor(bus_factor):
     ps = [8, 3, 2] + [rng.randint(2, 1024) for _ in range(4)]
     for coll in _FACTOR_COLLECTIVES:
         for i, p in enumerate(ps):
-            got = bus_factor(coll, p)
+            with _calls_to(C.bus_factor) as seen:
+                got = bus_factor(coll, p)
+            _no_reference(seen, "bus_factor")
             expected = C.bus_factor(coll, p)
             where = f"bus_factor({coll!r}, p={p})" + (f" [random case, checker seed {seed}]" if i >= 3 else "")
             expect(got is not None, f"{where} returned None -- return the factor")
@@ -148,7 +176,9 @@ def check_fit_alpha_beta(fit_alpha_beta):
             times = [C.ring_allreduce_time(n, p, alpha, bw) for n in sizes]
         else:
             p, alpha, bw, sizes, times = _synthetic(rng, 0.0)
-        got = fit_alpha_beta(sizes, times, p)
+        with _calls_to(C.fit_alpha_beta) as seen:
+            got = fit_alpha_beta(sizes, times, p)
+        _no_reference(seen, "fit_alpha_beta")
         expect(isinstance(got, (tuple, list)) and len(got) == 2,
                f"fit_alpha_beta must return (alpha_seconds, bandwidth_bytes_per_s), got {got!r}")
         a, b = float(got[0]), float(got[1])
@@ -251,7 +281,9 @@ def check_send_counts(send_counts):
         before = indices.clone()
         where = (f"send_counts(indices [{tokens} tokens x top-{k}], num_experts={e}, world_size={world}, "
                  f"ranks_per_node={g}, rank={rank})" + (f" [random case, checker seed {seed}]" if i >= 4 else ""))
-        got = send_counts(indices, e, world, g, rank)
+        with _calls_to(EP.node_send_counts) as seen:
+            got = send_counts(indices, e, world, g, rank)
+        _no_reference(seen, "send_counts")
         expect(torch.equal(indices, before), f"{where} modified `indices`; read it, do not change it")
         try:
             got_list = [int(v) for v in (got.tolist() if hasattr(got, "tolist") else got)]
