@@ -255,45 +255,131 @@ def h800_vs_h100_allreduce_ratio(n_bytes: float = 2**30, p: int = 8, alpha: floa
     return nvlink_allreduce_time("H800-SXM", n_bytes, p, alpha) / nvlink_allreduce_time("H100-SXM", n_bytes, p, alpha)
 
 
-def comm_scenarios(hidden: int, tokens: int = 4096, top_k: int = 8, gpus: Sequence[str] = ("H100-SXM", "H800-SXM"),
-                   gpus_per_node: int = 8, ep_nodes: int = 8, alpha_nvlink: float = 0.0, alpha_ib: float = 0.0,
-                   ib: str = "ib-ndr") -> list:
-    """Times (alpha-beta model) of the collectives of a large MoE model's layer on each GPU of `gpus`.
+def measured_comm() -> dict:
+    """Published measured bandwidths from data/comm_measured.json: {key: entry}; each entry carries `value` (or
+    `value_low`/`value_high`), unit, gpu, link, conditions and `source_title`."""
+    import json
+    from common.env import REPO_ROOT
+    data = json.loads((REPO_ROOT / "data" / "comm_measured.json").read_text())
+    out = {}
+    for key, entry in data["measurements"].items():
+        e = dict(entry)
+        e["source_title"] = data["sources"][e["source"]]["title"]
+        e["source_date"] = data["sources"][e["source"]]["date"]
+        if "value" not in e:
+            e["value"] = e["value_low"]
+        out[key] = e
+    return out
 
-    Messages: a tensor-parallel all-reduce of `tokens` x `hidden` bf16 activations; an expert-parallel all-to-all
-    dispatch of each token to `top_k` experts in FP8 (1 byte per value) and its combine in bf16; and a 1 GiB bf16
-    all-reduce. NVLink: half the GPU's bidirectional figure per direction; across nodes one `ib` port per GPU.
-    Rows: {"scenario", "message_MB", "<gpu>_ms" for each GPU, "ratio" (last GPU / first GPU)}.
+
+def derating_table() -> list:
+    """Datasheet (per direction) beside published measured bandwidth: rows {measurement, link, datasheet_GBps,
+    measured_GBps, measured_over_datasheet, conditions}."""
+    rows = []
+    for key, e in measured_comm().items():
+        if e["link"] == "nvlink":
+            sheet = nvlink_bandwidth(e["gpu"]) / 1e9
+        else:
+            sheet = ib_bandwidth() / 1e9
+        shown = (f"{e['value_low']:g}-{e['value_high']:g}" if "value_high" in e else f"{e['value']:g}")
+        rows.append({"measurement": key, "link": e["link"], "datasheet_GBps": sheet, "measured_GBps": shown,
+                     "measured_over_datasheet": e["value"] / sheet, "conditions": e["conditions"]})
+    return rows
+
+
+def v3_copies_per_token(tokens: int = 4096, seed: int = 0) -> dict:
+    """DeepSeek-V3's routing (256 experts, 8 groups = 8 nodes of 8 GPUs, 4 groups kept, top-8) on random logits:
+    the mean copies of a token that cross InfiniBand (one per remote node: node limit + de-duplication), the same
+    without de-duplication (one per remote expert), and the GPUs a token reaches (the NVLink fan-out)."""
+    import torch
+    from common import moe
+    g = torch.Generator().manual_seed(seed)
+    _, idx = moe.deepseek_v3_gate(torch.randn(tokens, 256, generator=g), None, 8, 8, 4)
+    traffic = moe.ep_traffic(idx, 128, 32, 8)
+    per_copy = moe.token_traffic_bytes(128, 1.0)["total"]
+    gpus = moe.distinct_nodes(idx, 4, 64).to(torch.float64).mean()
+    return {"ib_copies_node_limited": traffic["ib_bytes_per_node"] / per_copy,
+            "ib_copies_per_expert": traffic["ib_bytes_per_expert"] / per_copy,
+            "nodes_per_token": traffic["nodes_per_token"], "gpus_per_token": float(gpus)}
+
+
+def ep_alltoall_time(tokens: int, row_bytes: float, ib_copies: float, nvlink_copies: float, bw_nvlink: float,
+                     bw_ib: float) -> float:
+    """Node-limited EP dispatch or combine of one GPU's tokens: `ib_copies` rows per token leave over the GPU's NIC
+    while `nvlink_copies` rows per token fan out over NVLink; both run at once, the slower sets the time."""
+    return max(tokens * ib_copies * row_bytes / bw_ib, tokens * nvlink_copies * row_bytes / bw_nvlink)
+
+
+def comm_scenarios(hidden: int, tokens: int = 4096, top_k: int = 8, gpus: Sequence[str] = ("H100-SXM", "H800-SXM"),
+                   gpus_per_node: int = 8, alpha_nvlink: float = 0.0, alpha_ib: float = 0.0,
+                   ib: str = "ib-ndr") -> list:
+    """Times (bandwidth terms of the alpha-beta model) of a large MoE layer's collectives on each GPU of `gpus`,
+    with datasheet bandwidths ("<gpu>_ms") and published measured ones ("<gpu>_measured_ms", data/comm_measured.json).
+
+    Rows: a 1 GiB all-reduce; an 8-GPU all-reduce of `tokens` x `hidden` bf16 activations (a TP=8 layout, for
+    comparison: DeepSeek-V3 used no tensor parallelism); a data-parallel all-reduce of such a bucket over 2 nodes,
+    flat ring and hierarchical; DeepSeek-V3's EP dispatch (FP8 + per-128 scales) and combine (bf16) inside a node,
+    and over 8 nodes with the node limit (4) and per-node de-duplication (`v3_copies_per_token` IB copies).
     """
     check_ranks(hidden, "hidden")
     check_ranks(tokens, "tokens")
     check_ranks(top_k, "top_k")
+    from common import moe
     g, ibw = gpus_per_node, ib_bandwidth(ib)
+    meas = measured_comm()
+    m_ar = {"H100-SXM": meas["nccl_allreduce_busbw_8xH100"]["value"] * 1e9}
+    m_nv = {"H800-SXM": (meas["deepep_h800_intranode_dispatch"]["value"] * 1e9,
+                         meas["deepep_h800_intranode_combine"]["value"] * 1e9)}
+    m_ib = (meas["deepep_h800_internode_dispatch_ep64"]["value"] * 1e9,
+            meas["deepep_h800_internode_combine_ep64"]["value"] * 1e9)  # CX7 NIC, the same on both GPUs
     act = tokens * hidden * 2
-    dispatch, combine_ = tokens * top_k * hidden * 1, tokens * top_k * hidden * 2
+    d_row = moe.token_traffic_bytes(hidden, 1.0)["dispatch"]
+    c_row = moe.token_traffic_bytes(hidden, 1.0)["combine"]
+    v3 = v3_copies_per_token(tokens)
+    nan = float("nan")
     rows = []
 
-    def add(name, n, fn):
+    def add(name, n, sheet, measured):
         row = {"scenario": name, "message_MB": n / 1e6}
         for gid in gpus:
-            row[f"{gid}_ms"] = fn(n, nvlink_bandwidth(gid)) * 1e3
+            row[f"{gid}_ms"] = sheet(gid) * 1e3
+            m = measured(gid)
+            row[f"{gid}_measured_ms"] = m * 1e3 if m is not None else nan
         row["ratio"] = row[f"{gpus[-1]}_ms"] / row[f"{gpus[0]}_ms"]
         rows.append(row)
 
-    add(f"all-reduce 1 GiB bf16, {g} GPUs, NVLink ring", 2**30,
-        lambda n, nv: ring_allreduce_time(n, g, alpha_nvlink, nv))
-    add(f"TP={g} all-reduce of activations, NVLink ring", act,
-        lambda n, nv: ring_allreduce_time(n, g, alpha_nvlink, nv))
-    add(f"TP={2 * g} all-reduce over 2 nodes, flat ring (IB-bound)", act,
-        lambda n, nv: flat_ring_allreduce_time(n, 2, g, alpha_nvlink, nv, alpha_ib, ibw))
-    add(f"TP={2 * g} all-reduce over 2 nodes, hierarchical", act,
-        lambda n, nv: hierarchical_allreduce_time(n, 2, g, alpha_nvlink, nv, alpha_ib, ibw))
-    add(f"EP={g} all-to-all dispatch (FP8, top-{top_k}), NVLink", dispatch,
-        lambda n, nv: alltoall_time(n, g, alpha_nvlink, nv))
-    add(f"EP={g * ep_nodes} all-to-all dispatch over {ep_nodes} nodes", dispatch,
-        lambda n, nv: two_level_alltoall_time(n, ep_nodes, g, alpha_nvlink, nv, alpha_ib, ibw))
-    add(f"EP={g * ep_nodes} all-to-all combine (bf16) over {ep_nodes} nodes", combine_,
-        lambda n, nv: two_level_alltoall_time(n, ep_nodes, g, alpha_nvlink, nv, alpha_ib, ibw))
+    def ar(n, p, bw):
+        return ring_allreduce_time(n, p, alpha_nvlink, bw)
+
+    add(f"all-reduce 1 GiB bf16, {g} GPUs, NVLink ring", 2**30, lambda gid: ar(2**30, g, nvlink_bandwidth(gid)),
+        lambda gid: ar(2**30, g, m_ar[gid]) if gid in m_ar else None)
+    add(f"all-reduce of {tokens} tokens' bf16 activations, {g} GPUs (a TP={g} layout; V3 used no TP)", act,
+        lambda gid: ar(act, g, nvlink_bandwidth(gid)), lambda gid: ar(act, g, m_ar[gid]) if gid in m_ar else None)
+    add(f"DP all-reduce of a {act / 1e6:.1f} MB bf16 bucket, 2 nodes x {g}, flat ring (IB-bound)", act,
+        lambda gid: flat_ring_allreduce_time(act, 2, g, alpha_nvlink, nvlink_bandwidth(gid), alpha_ib, ibw),
+        lambda gid: None)
+    add(f"DP all-reduce of a {act / 1e6:.1f} MB bf16 bucket, 2 nodes x {g}, hierarchical", act,
+        lambda gid: hierarchical_allreduce_time(act, 2, g, alpha_nvlink, nvlink_bandwidth(gid), alpha_ib, ibw),
+        lambda gid: None)
+    n_in = tokens * top_k * d_row
+    add(f"V3 EP={g} dispatch in one node (FP8 + scales, top-{top_k}), NVLink", n_in,
+        lambda gid: alltoall_time(n_in, g, alpha_nvlink, nvlink_bandwidth(gid)),
+        lambda gid: alltoall_time(n_in, g, alpha_nvlink, m_nv[gid][0]) if gid in m_nv else None)
+    for what, row_b, k in (("dispatch (FP8 + scales)", d_row, 0), ("combine (bf16)", c_row, 1)):
+        n = tokens * v3["ib_copies_node_limited"] * row_b
+        add(f"V3 EP={8 * g} {what} over 8 nodes: node limit 4 + de-dup, "
+            f"{v3['ib_copies_node_limited']:.2f} IB copies/token", n,
+            lambda gid, rb=row_b: ep_alltoall_time(tokens, rb, v3["ib_copies_node_limited"], v3["gpus_per_token"],
+                                                   nvlink_bandwidth(gid), ibw),
+            lambda gid, rb=row_b, k=k: ep_alltoall_time(tokens, rb, v3["ib_copies_node_limited"],
+                                                        v3["gpus_per_token"], m_nv[gid][k] if gid in m_nv else
+                                                        nvlink_bandwidth(gid), m_ib[k]))
+    n = tokens * v3["ib_copies_per_expert"] * d_row
+    add(f"the same dispatch without de-dup: {v3['ib_copies_per_expert']:.2f} IB copies/token", n,
+        lambda gid: ep_alltoall_time(tokens, d_row, v3["ib_copies_per_expert"], v3["gpus_per_token"],
+                                     nvlink_bandwidth(gid), ibw),
+        lambda gid: ep_alltoall_time(tokens, d_row, v3["ib_copies_per_expert"], v3["gpus_per_token"],
+                                     m_nv[gid][0] if gid in m_nv else nvlink_bandwidth(gid), m_ib[0]))
     return rows
 
 
@@ -453,6 +539,7 @@ class Sweep:
     sizes_bytes: list
     seconds: list
     spread: list = field(default_factory=list)  # IQR / median over repeats, per size
+    fastest: list = field(default_factory=list)  # the fastest repeat (of the slowest rank), per size
 
     @property
     def algbw_gbps(self) -> list:
@@ -462,8 +549,13 @@ class Sweep:
     def busbw_gbps(self) -> list:
         return [busbw(self.collective, n, t, self.p) / 1e9 for n, t in zip(self.sizes_bytes, self.seconds)]
 
-    def fit(self) -> Fit:
-        return fit_alpha_beta(self.sizes_bytes, self.seconds, self.p, self.collective)
+    def fit(self, stat: str = "median") -> Fit:
+        """Fit alpha and B to the median times, or (stat="fastest") to the fastest repeat of each size: on a shared
+        machine noise only ever adds time, so the fastest repeat is the steadiest estimate of what the link does."""
+        if stat not in ("median", "fastest"):
+            raise ValueError(f"stat={stat!r}; allowed: 'median', 'fastest'")
+        times = self.fastest if stat == "fastest" else self.seconds
+        return fit_alpha_beta(self.sizes_bytes, times, self.p, self.collective)
 
     def table(self):
         """A pandas table in nccl-tests' shape: size, time (us), algbw and busbw (GB/s)."""
@@ -479,22 +571,24 @@ def combine(per_rank: list, backend: str) -> dict:
     sweeps = {}
     for coll in per_rank[0]:
         sizes = per_rank[0][coll]["bytes"]
-        meds, spreads = [], []
+        meds, spreads, fastest = [], [], []
         for i in range(len(sizes)):
             n_rep = len(per_rank[0][coll]["seconds"][i])
             reps = [max(r[coll]["seconds"][i][k] for r in per_rank) for k in range(n_rep)]
             med = statistics.median(reps)
             q = statistics.quantiles(reps, n=4, method="inclusive") if len(reps) > 1 else [med, med, med]
             meds.append(med)
+            fastest.append(min(reps))
             spreads.append((q[2] - q[0]) / med if med > 0 else float("nan"))
-        sweeps[coll] = Sweep(coll, p, backend, list(sizes), meds, spreads)
+        sweeps[coll] = Sweep(coll, p, backend, list(sizes), meds, spreads, fastest)
     return sweeps
 
 
-def measure(sizes_bytes: Sequence[float], world_size: int, collectives: Sequence[str] = ("all_reduce",),
-            backend: str | None = None, repeats: int = 5, warmup: int = 2, dtype: str = "float32",
-            target_bytes: float = 2**24, max_iters: int = 50, timeout: float = 300) -> dict:
-    """Sweep message sizes for each collective in ONE process group of `world_size` ranks; {collective: Sweep}."""
+def sweep_task(sizes_bytes: Sequence[float], world_size: int, collectives: Sequence[str] = ("all_reduce",),
+               backend: str | None = None, repeats: int = 5, warmup: int = 2, dtype: str = "float32",
+               target_bytes: float = 2**24, max_iters: int = 50) -> tuple:
+    """(sweep_worker, args), validated now -- before any process starts -- for `run_workers` or one task of
+    `common.distributed.tasks_worker` (a lab that measures several things in one process group)."""
     from common import distributed
     if not sizes_bytes:
         raise ValueError("sizes_bytes is empty: give at least one message size")
@@ -510,10 +604,18 @@ def measure(sizes_bytes: Sequence[float], world_size: int, collectives: Sequence
         raise ValueError(f"max_iters={max_iters!r} must be an int >= 1")
     backend = distributed._check_backend(backend)
     distributed.check_world_size(world_size, backend)
-    per_rank = distributed.run_workers(sweep_worker, world_size, args=(list(collectives), list(sizes_bytes), repeats,
-                                                                       warmup, dtype, target_bytes, max_iters),
-                                       backend=backend, timeout=timeout)
-    return combine(per_rank, backend)
+    return sweep_worker, (list(collectives), list(sizes_bytes), repeats, warmup, dtype, target_bytes, max_iters)
+
+
+def measure(sizes_bytes: Sequence[float], world_size: int, collectives: Sequence[str] = ("all_reduce",),
+            backend: str | None = None, repeats: int = 5, warmup: int = 2, dtype: str = "float32",
+            target_bytes: float = 2**24, max_iters: int = 50, timeout: float = 300) -> dict:
+    """Sweep message sizes for each collective in ONE process group of `world_size` ranks; {collective: Sweep}."""
+    from common import distributed
+    worker, args = sweep_task(sizes_bytes, world_size, collectives, backend, repeats, warmup, dtype, target_bytes,
+                              max_iters)
+    backend = distributed._check_backend(backend)
+    return combine(distributed.run_workers(worker, world_size, args=args, backend=backend, timeout=timeout), backend)
 
 
 def log_sizes(lo: int, hi: int, factor: int = 4) -> list:

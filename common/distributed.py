@@ -1,26 +1,37 @@
 """Launch torch.distributed worker processes from a notebook or a script, and always clean them up.
 
-`run_workers(worker, world_size, args)` starts `world_size` fresh processes (the "spawn" start method), joins them
-into one process group -- gloo on a CPU, NCCL on GPUs -- calls `worker(rank, world_size, *args)` in each, and returns
-the per-rank return values as a list indexed by rank:
+`run_workers(worker, world_size, args)` starts `world_size` fresh processes, joins them into one process group --
+gloo on a CPU, NCCL on GPUs -- calls `worker(rank, world_size, *args)` in each, and returns the per-rank return
+values as a list indexed by rank:
 
     from common.distributed import run_workers
-    from common.collectives import allreduce_sweep_worker
-    per_rank = run_workers(allreduce_sweep_worker, 4, args=([2**10, 2**20], 5))
+    from common.collectives import sweep_worker
+    per_rank = run_workers(sweep_worker, 2, args=(["all_reduce"], [2**10, 2**20]))
 
-- The worker must be a top-level function of an importable module (`common.*`): spawned processes import it by
-  name, and a function defined in a notebook cell cannot be imported. Its arguments and result must pickle.
-- Rendezvous: the parent opens a TCPStore on a free port (the OS picks it) and keeps it for the run, so no two runs
-  race for a port; the store, and its port, are closed when the run ends.
-- A worker that raises makes `run_workers` raise `WorkerError` naming the rank, the exception and the worker's
-  traceback; the other ranks (probably stuck in a collective, waiting for it) are killed. A worker that dies
-  without a word (killed, out of memory) is reported with its exit code. `timeout` bounds the whole run.
-- Whatever happens -- an error, a timeout, KeyboardInterrupt (the "stop" button) -- every process is terminated,
-  then killed if it does not exit, and joined before `run_workers` returns or raises.
+`tasks_worker` runs several workers one after the other in the same group (starting a group costs seconds).
+The worker must be a top-level function of an importable module (`common.*`); its arguments and result must pickle.
 
-Several machines: use `torchrun`, which starts one process per GPU on each node and sets RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT; `torchrun_command(...)` writes the command and `init_from_env()` joins the group inside
-the launched script (see `common.collectives` for a sweep that runs under torchrun).
+What torch already does, and what this module adds. Several machines: use torch's own `torchrun`
+(`torch.distributed.run`, elastic); `torchrun_command(...)` writes the command and `init_from_env()` joins the group
+inside the launched script -- nothing is re-implemented there. One machine, from a notebook: torch's
+`torch.multiprocessing.spawn` starts the ranks (spawn start method), reports a failing rank with its traceback and
+stops the others, also on KeyboardInterrupt (checked with torch 2.13). It is not used because it lacks what a
+notebook call needs, and each remaining piece here exists for one of those gaps:
+- **Return values.** `spawn` returns nothing; the lab needs each rank's measurements. Results (or the error) come
+  back through the rendezvous store.
+- **No port race.** `spawn` leaves rendezvous to `init_process_group(init_method="env://")` with a MASTER_PORT the
+  caller picks; probing a free port and binding it later in a child races with any other run. Here the parent opens
+  the TCPStore on port 0 (the OS picks and the store holds it for the whole run) and hands that store to the group.
+- **No re-import of the caller.** `spawn` re-imports the caller's `__main__` in every child: a script without an
+  `if __name__ == "__main__":` guard runs again in each rank. Here each rank is `python -c` importing only
+  `common.distributed`.
+- **A time limit and a dead-parent watch.** `timeout` bounds the whole run (a rank stuck in a collective whose peer
+  never comes); a worker exits when its parent disappears (a killed notebook kernel), so no orphan is left.
+- **Clean-up, whatever happens.** On an error, a timeout, or KeyboardInterrupt (the notebook's stop button), every
+  process is terminated, then killed if it does not exit, and joined, and the store -- with its port -- is closed,
+  before `run_workers` returns or raises. A rank that raises gives `WorkerError` naming the rank, the exception and
+  the worker's traceback (the first rank to fail, not the peers that then lose their connection); a rank that dies
+  without a word (killed, out of memory) is reported with its exit code and the tail of its output.
 """
 from __future__ import annotations
 
@@ -385,6 +396,18 @@ def hello_worker(rank: int, world_size: int) -> dict:
     dist.all_reduce(t)
     return {"rank": rank, "world_size": world_size, "backend": dist.get_backend(), "pid": os.getpid(),
             "sum": float(t.item())}
+
+
+def tasks_worker(rank: int, world_size: int, tasks: Sequence) -> list:
+    """Run several workers one after the other in ONE process group: `tasks` is a list of (worker, args); returns
+    [worker(rank, world_size, *args) for each]. Starting a group costs seconds (fresh processes import torch), so a
+    lab that measures several things starts one group and hands it all of them."""
+    import torch.distributed as dist
+    out = []
+    for worker, args in tasks:
+        out.append(worker(rank, world_size, *args))
+        dist.barrier()
+    return out
 
 
 def failing_worker(rank: int, world_size: int, bad_rank: int = 1, message: str = "boom") -> int:

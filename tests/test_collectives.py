@@ -120,3 +120,21 @@ def test_measured_sweep_gloo():
     ar = sweeps["all_reduce"]
     assert ar.busbw_gbps == pytest.approx(ar.algbw_gbps)  # bus factor 1 for two ranks
     assert ar.seconds[-1] > ar.seconds[0]  # 1 MiB takes longer than 1 KiB
+
+
+def test_v3_copies_node_limit_and_dedup():
+    v3 = C.v3_copies_per_token()
+    assert 3.2 < v3["ib_copies_node_limited"] < 3.7  # about 3.5 copies cross InfiniBand, not 7
+    assert 6.5 < v3["ib_copies_per_expert"] < 7.2
+    assert v3["nodes_per_token"] <= 4
+
+
+def test_measured_comm_and_scenarios():
+    m = C.measured_comm()
+    assert m["deepep_h800_intranode_dispatch"]["value"] == 153 and m["deepep_h800_intranode_dispatch"]["link"] == "nvlink"
+    assert all(e["source_title"] and e["source_date"] for e in m.values())
+    rows = {r["scenario"]: r for r in C.comm_scenarios(7168)}
+    assert not any("TP=16" in name or ("V3" in name and "TP" in name and "no TP" not in name) for name in rows)
+    ep = [r for name, r in rows.items() if name.startswith("V3 EP=64 dispatch")][0]
+    assert ep["ratio"] == pytest.approx(1.0)  # InfiniBand-bound: the H800 ties the H100
+    assert ep["H800-SXM_measured_ms"] > 0

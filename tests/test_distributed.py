@@ -4,6 +4,7 @@ import threading
 
 import psutil
 import pytest
+import torch.distributed  # noqa: F401  (imported here, so an interrupt in a test lands in the run, not in this import)
 
 from common import distributed as D
 
@@ -45,8 +46,9 @@ def test_timeout_stops_everything():
     _assert_nothing_left()
 
 
-def test_keyboard_interrupt_stops_everything():
-    timer = threading.Timer(4.0, _thread.interrupt_main)
+def _interrupted_run(after_s: float) -> None:
+    """A run of sleeping workers interrupted (KeyboardInterrupt, the notebook's stop button) after `after_s`."""
+    timer = threading.Timer(after_s, _thread.interrupt_main)
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -54,6 +56,10 @@ def test_keyboard_interrupt_stops_everything():
     finally:
         timer.cancel()
     _assert_nothing_left()
+
+
+def test_keyboard_interrupt_stops_everything():
+    _interrupted_run(4.0)
 
 
 @pytest.mark.parametrize("ws, match", [(0, r"world_size=0 must be at least 1"),
@@ -100,3 +106,21 @@ def test_torchrun_command():
     assert "--nnodes=2" in cmd and "--rdzv-endpoint=node0:29500" in cmd and "--nproc-per-node=8" in cmd
     with pytest.raises(ValueError, match="nproc_per_node=0"):
         D.torchrun_command("x", 0)
+
+
+def test_tasks_worker_runs_several_workers_in_one_group():
+    out = D.run_workers(D.tasks_worker, 2, args=([(D.hello_worker, ()), (D.hello_worker, ())],), backend="gloo")
+    assert [len(r) for r in out] == [2, 2]
+    assert all(r[0]["pid"] == r[1]["pid"] and r[0]["sum"] == r[1]["sum"] == 3.0 for r in out)  # same processes
+    _assert_nothing_left()
+
+
+def test_a_failing_task_stops_everything():
+    tasks = [(D.hello_worker, ()), (D.failing_worker, (0, "second task fails on rank 0"))]
+    with pytest.raises(D.WorkerError, match=r"rank 0 of 2 raised ValueError: second task fails on rank 0"):
+        D.run_workers(D.tasks_worker, 2, args=(tasks,), backend="gloo", timeout=60)
+    _assert_nothing_left()
+
+
+def test_interrupt_while_ranks_start_stops_everything():
+    _interrupted_run(0.5)  # before the ranks have even imported torch

@@ -47,6 +47,7 @@ def test_allreduce_time_right_and_stub():
     (_with(recursive_doubling=lambda n, p, a, b: 2 * math.ceil(math.log2(p)) * (a + n / b)), "does not reduce then"),
     (_with(ring=lambda n, p, a, b: 2 * (p - 1) * a + 2 * (p - 1) / p * n * b), "expected"),
     (lambda algorithm, n, p, alpha, bw: _right(algorithm, n, p, alpha, bw) if p > 1 else alpha, "nothing to exchange"),
+    (lambda algorithm, n, p, alpha, bw: [_right(algorithm, n, p, alpha, bw)], r"returned list .*expected a number"),
 ])
 def test_allreduce_time_wrong(wrong, match):
     with pytest.raises(CheckFailed, match=match):
@@ -70,6 +71,8 @@ def test_bus_factor_right_and_stub():
     (lambda c, p: 1 / _factor(c, p), "upside down"),
     (lambda c, p: _factor(c, p) if c != "broadcast" else (p - 1) / p, "bus factor is 1"),
     (lambda c, p: _factor(c, p) * 1.01, "expected"),
+    (lambda c, p: 1.0 if c == "all_reduce" else _factor(c, p), r"factor at p = 2 only"),
+    (lambda c, p: str(_factor(c, p)), r"returned str .*expected a number"),
 ])
 def test_bus_factor_wrong(wrong, match):
     with pytest.raises(CheckFailed, match=match):
@@ -125,3 +128,77 @@ def test_reference_fit_matches_exercise_convention():
     sizes = C.log_sizes(2**10, 2**26)
     times = [C.ring_allreduce_time(n, 4, 7e-6, 20e9) for n in sizes]
     assert np.allclose(_fit(sizes, times, 4), (7e-6, 20e9), rtol=1e-9)
+
+
+# ---- 7.4 send counts of the node-aware EP dispatch
+
+def _counts(dedup=True, shift=0, first_rank=False, skip_own=False, per_expert_rank=False, per_rank=False):
+    def f(indices, e, world, g, rank):
+        epr = e // world
+        counts = [0] * world
+        for row in indices.tolist():
+            if per_rank:
+                for r in {x // epr for x in row}:
+                    counts[r] += 1
+                continue
+            if per_expert_rank:
+                for x in row:
+                    counts[x // epr] += 1
+                continue
+            nodes = [x // (epr * g) for x in row]
+            for m in (sorted(set(nodes)) if dedup else nodes):
+                dest = m * g + (0 if first_rank else rank % g)
+                counts[(dest + shift) % world] += 1
+        if skip_own:
+            counts[rank] = 0
+        return counts
+    return f
+
+
+def test_send_counts_right_and_stub():
+    assert lab07.check_send_counts(_counts()).passed
+    assert lab07.check_send_counts(lambda *a: np.array(_counts()(*a))).passed  # an array is fine
+    assert lab07.check_send_counts(_stub).status == "not attempted"
+
+
+def _mutating(indices, e, world, g, rank):
+    out = _counts()(indices, e, world, g, rank)
+    indices.zero_()
+    return out
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (_counts(dedup=False), r"forgotten de-duplication"),
+    (_counts(shift=1), r"off-by-one rank \(counts shifted one rank up\)"),
+    (_counts(shift=-1), r"off-by-one rank \(counts shifted one rank down\)"),
+    (_counts(first_rank=True), r"wrong destination rank .*first rank"),
+    (_counts(skip_own=True), r"own node left out"),
+    (_counts(per_expert_rank=True), r"flat split"),
+    (_counts(per_rank=True), r"per-rank split"),
+    (lambda *a: {"counts": _counts()(*a)}, r"expected a list of 8 ints|returned 1 counts"),
+    (lambda *a: 3, r"returned int 3; expected a list of 8 ints"),
+    (lambda *a: _counts()(*a)[:-1], r"returned 7 counts"),
+    (lambda *a: [c * 2 for c in _counts()(*a)], r"the counts sum to"),
+    (_mutating, r"modified `indices`"),
+])
+def test_send_counts_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        lab07.check_send_counts(wrong)
+
+
+# ---- every exercise is to write the formula: calling the reference in common is caught
+
+def test_calling_the_reference_is_caught():
+    from common import expert_parallel as EP
+    with pytest.raises(CheckFailed, match=r"called the reference common.collectives.allreduce_time"):
+        lab07.check_allreduce_time(C.allreduce_time)
+    with pytest.raises(CheckFailed, match=r"called the reference common.collectives.bus_factor"):
+        lab07.check_bus_factor(C.bus_factor)
+
+    def fit_via_reference(sizes, times, p):
+        f = C.fit_alpha_beta(sizes, times, p)
+        return f.alpha_s, f.bandwidth_Bps
+    with pytest.raises(CheckFailed, match=r"called the reference common.collectives.fit_alpha_beta"):
+        lab07.check_fit_alpha_beta(fit_via_reference)
+    with pytest.raises(CheckFailed, match=r"called the reference common.expert_parallel.node_send_counts"):
+        lab07.check_send_counts(EP.node_send_counts)

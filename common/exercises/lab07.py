@@ -1,8 +1,10 @@
 """Checkers for lab 07 (collectives): all-reduce cost formulas, nccl-tests bus factors, the alpha/beta fit."""
 from __future__ import annotations
 
+import contextlib
 import math
 import random
+import sys
 
 from common import collectives as C
 from common.checks import checker, expect, expect_close, fail
@@ -18,19 +20,48 @@ def _close(a, b, rtol=1e-6) -> bool:
 _RD_NAME = "recursive_doubling"
 
 
+@contextlib.contextmanager
+def _calls_to(*functions):
+    """Record which of `functions` run inside the block (by code object, so any import path is seen)."""
+    codes = {f.__code__: f"{f.__module__}.{f.__name__}" for f in functions}
+    seen: list = []
+    before = sys.getprofile()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            seen.append(codes[frame.f_code])
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(before)
+
+
+def _no_reference(seen: list, what: str) -> None:
+    if seen:
+        fail(f"{what} called the reference {seen[0]}: this exercise is to write it yourself")
+
+
 @checker("7.1", "all-reduce cost formulas: ring, tree, recursive doubling")
 def check_allreduce_time(allreduce_time):
     """allreduce_time(algorithm, n_bytes, p, alpha, bandwidth) -> seconds, for "ring", "tree", "recursive_doubling"."""
-    rng = random.Random()
-    cases = [(2**20, 8, 5e-6, 100e9), (1000, 2, 1e-6, 1e9), (2**30, 6, 3e-6, 450e9), (64, 1, 5e-6, 1e9)]
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    # fixed cases first: p = 8 (no factor equals 1), p = 6 (not a power of two), p = 2, p = 1; then random ones
+    cases = [(2**20, 8, 5e-6, 100e9), (2**30, 6, 3e-6, 450e9), (1000, 2, 1e-6, 1e9), (64, 1, 5e-6, 1e9)]
     cases += [(rng.randint(1, 2**31), rng.randint(2, 64), rng.uniform(1e-7, 2e-5), rng.uniform(1e9, 9e11))
               for _ in range(6)]
     for algorithm in ("ring", "tree", _RD_NAME):
-        for n, p, alpha, bw in cases:
+        for i, (n, p, alpha, bw) in enumerate(cases):
             expected = C.allreduce_time(algorithm, n, p, alpha, bw)
-            got = allreduce_time(algorithm, n, p, alpha, bw)
-            expect(got is not None, f"allreduce_time({algorithm!r}, ...) returned None -- return seconds")
-            where = f"allreduce_time({algorithm!r}, n_bytes={n}, p={p}, alpha={alpha:.3g}, bandwidth={bw:.3g})"
+            with _calls_to(C.allreduce_time, *C._ALLREDUCE.values(), C.collective_time) as seen:
+                got = allreduce_time(algorithm, n, p, alpha, bw)
+            _no_reference(seen, "allreduce_time")
+            where = (f"allreduce_time({algorithm!r}, n_bytes={n}, p={p}, alpha={alpha:.3g}, bandwidth={bw:.3g})"
+                     + (f" [random case, checker seed {seed}]" if i >= 4 else ""))
+            expect(got is not None, f"{where} returned None -- return seconds")
+            if isinstance(got, bool) or not isinstance(got, (int, float)) and not hasattr(got, "__float__"):
+                fail(f"{where} returned {type(got).__name__} {got!r}; expected a number of seconds")
             if _close(got, expected, 1e-6):
                 continue
             if p == 1:
@@ -75,16 +106,25 @@ _FACTOR_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all
 @checker("7.2", "nccl-tests bus factors")
 def check_bus_factor(bus_factor):
     """bus_factor(collective, p) -> busbw / algbw as nccl-tests define it."""
-    rng = random.Random()
-    ps = [2, 8, 3] + [rng.randint(2, 1024) for _ in range(4)]
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    # p = 8 first: at p = 2 the all-reduce factor is 1 (= broadcast's, = 1/itself) and hides several mistakes
+    ps = [8, 3, 2] + [rng.randint(2, 1024) for _ in range(4)]
     for coll in _FACTOR_COLLECTIVES:
-        for p in ps:
-            got = bus_factor(coll, p)
+        for i, p in enumerate(ps):
+            with _calls_to(C.bus_factor) as seen:
+                got = bus_factor(coll, p)
+            _no_reference(seen, "bus_factor")
             expected = C.bus_factor(coll, p)
-            where = f"bus_factor({coll!r}, p={p})"
+            where = f"bus_factor({coll!r}, p={p})" + (f" [random case, checker seed {seed}]" if i >= 3 else "")
             expect(got is not None, f"{where} returned None -- return the factor")
+            if isinstance(got, bool) or not isinstance(got, (int, float)) and not hasattr(got, "__float__"):
+                fail(f"{where} returned {type(got).__name__} {got!r}; expected a number")
             if _close(got, expected, 1e-9):
                 continue
+            if coll == "all_reduce" and p != 2 and _close(got, 1.0):
+                fail(f"{where} = 1: that is the all-reduce factor at p = 2 only (2(p-1)/p = 1 there); in general it "
+                     f"is 2(p-1)/p = {expected:.6g}")
             if coll == "all_reduce" and _close(got, (p - 1) / p):
                 fail(f"{where} = {float(got):.6g}: an all-reduce moves 2(p-1)/p of the buffer per rank "
                      f"(reduce-scatter + all-gather), so its factor is 2(p-1)/p = {expected:.6g}")
@@ -125,15 +165,25 @@ def _absolute_fit(sizes, times, p):
 def check_fit_alpha_beta(fit_alpha_beta):
     """fit_alpha_beta(sizes_bytes, seconds, p) -> (alpha_s, bandwidth_Bps) of a ring all-reduce, relative least
     squares."""
-    rng = random.Random()
-    # exact data first: any correct fit recovers the parameters
-    for _ in range(3):
-        p, alpha, bw, sizes, times = _synthetic(rng, 0.0)
-        got = fit_alpha_beta(sizes, times, p)
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    # exact data first: any correct fit recovers the parameters; a fixed case (p = 6: 2(p-1) = 10 steps, bus factor
+    # 5/3, neither 1 nor 2), then random ones
+    fixed = (6, 20e-6, 10e9, [2**k for k in range(8, 31, 2)])
+    for j in range(3):
+        if j == 0:
+            p, alpha, bw, sizes = fixed
+            times = [C.ring_allreduce_time(n, p, alpha, bw) for n in sizes]
+        else:
+            p, alpha, bw, sizes, times = _synthetic(rng, 0.0)
+        with _calls_to(C.fit_alpha_beta) as seen:
+            got = fit_alpha_beta(sizes, times, p)
+        _no_reference(seen, "fit_alpha_beta")
         expect(isinstance(got, (tuple, list)) and len(got) == 2,
                f"fit_alpha_beta must return (alpha_seconds, bandwidth_bytes_per_s), got {got!r}")
         a, b = float(got[0]), float(got[1])
-        where = f"noise-free times of a ring all-reduce over p={p} (alpha={alpha:.3g} s, bandwidth={bw:.3g} B/s)"
+        where = (f"noise-free times of a ring all-reduce over p={p} (alpha={alpha:.3g} s, bandwidth={bw:.3g} B/s)"
+                 + (f" [checker seed {seed}]" if j else ""))
         if _close(a, alpha, 1e-4) and _close(b, bw, 1e-4):
             continue
         if _close(a, 2 * (p - 1) * alpha, 1e-4):
@@ -152,7 +202,7 @@ def check_fit_alpha_beta(fit_alpha_beta):
         ref = C.fit_alpha_beta(sizes, times, p)
         got = fit_alpha_beta(sizes, times, p)
         a, b = float(got[0]), float(got[1])
-        where = f"times with 5% noise, p={p}"
+        where = f"times with 5% noise, p={p} [checker seed {seed}]"
         ab_alpha, ab_bw = _absolute_fit(sizes, times, p)
         right = _close(a, ref.alpha_s, 1e-4) and _close(b, ref.bandwidth_Bps, 1e-4)
         if not right and _close(a, ab_alpha, 1e-6) and _close(b, ab_bw, 1e-6):
@@ -163,3 +213,100 @@ def check_fit_alpha_beta(fit_alpha_beta):
         expect_close(a, ref.alpha_s, f"alpha from {where}", rtol=1e-4)
         expect_close(b, ref.bandwidth_Bps, f"bandwidth from {where}", rtol=1e-4)
     return "recovers alpha and the link bandwidth, fitting relative error"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 7.4 expert-parallel send counts (node-aware dispatch)
+
+
+def _routing(seed: int, tokens: int, num_experts: int, k: int):
+    """Random routing: each token picks k distinct experts (seeded)."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(tokens, num_experts, generator=g).topk(k, dim=-1).indices
+
+
+def _count_mistakes(indices, num_experts, world, g, rank):
+    """The send counts of each known mistake, by its own formula."""
+    import torch
+    from common import expert_parallel as EP
+    epr = num_experts // world
+    nodes = indices // (epr * g)
+    local = rank % g
+    per_pair = [0] * world  # forgotten de-duplication: one copy per (token, expert) to the node's gateway
+    for m, c in enumerate(torch.bincount(nodes.reshape(-1), minlength=world // g).tolist()):
+        per_pair[m * g + local] = c
+    ranks = indices // epr
+    hit_r = torch.zeros(indices.shape[0], world, dtype=torch.bool).scatter_(1, ranks, True)
+    right = EP.node_send_counts(indices, num_experts, world, g, rank)
+    first_rank = [0] * world
+    for m in range(world // g):
+        first_rank[m * g] = right[m * g + local]
+    no_own = list(right)
+    no_own[rank] = 0
+    return {
+        "forgotten de-duplication (one copy per (token, expert) instead of one per (token, node))": per_pair,
+        "flat split (one copy per expert, to the expert's own rank)": EP.flat_send_counts(indices, num_experts, world),
+        "per-rank split (one copy per (token, destination rank), to that rank: de-duplicated by rank, not by node)":
+            hit_r.sum(0).tolist(),
+        "wrong destination rank (every copy to the node's first rank instead of the rank with your local index)":
+            first_rank,
+        "own node left out (your own node's copy goes to yourself: counts[rank] is the tokens with an expert on "
+        "your node)": no_own,
+        "off-by-one rank (counts shifted one rank up)": right[-1:] + right[:-1],
+        "off-by-one rank (counts shifted one rank down)": right[1:] + right[:1],
+    }
+
+
+@checker("7.4", "send counts of the node-aware expert-parallel dispatch")
+def check_send_counts(send_counts):
+    """send_counts(indices, num_experts, world_size, ranks_per_node, rank) -> list of world_size ints: the rows this
+    rank sends to each rank in the node-aware dispatch's first hop."""
+    import torch
+    from common import expert_parallel as EP
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    # fixed, asymmetric cases first (several ranks per node, a rank that is not local 0, unequal node loads), then
+    # random ones with a fresh seed (printed in a failure)
+    cases = [(8, 4, 5, 32, 4, 12, 11), (6, 2, 3, 24, 3, 10, 12), (12, 3, 7, 36, 5, 9, 13), (4, 1, 2, 16, 4, 7, 14)]
+    for _ in range(3):
+        g = rng.choice([1, 2, 4])
+        world = g * rng.randint(2, 4)
+        epr = rng.randint(1, 4)
+        e = world * epr
+        cases.append((world, g, rng.randrange(world), e, rng.randint(1, min(8, e)), rng.randint(1, 40),
+                      rng.randrange(2**31)))
+    for i, (world, g, rank, e, k, tokens, s) in enumerate(cases):
+        indices = _routing(s, tokens, e, k)
+        before = indices.clone()
+        where = (f"send_counts(indices [{tokens} tokens x top-{k}], num_experts={e}, world_size={world}, "
+                 f"ranks_per_node={g}, rank={rank})" + (f" [random case, checker seed {seed}]" if i >= 4 else ""))
+        with _calls_to(EP.node_send_counts) as seen:
+            got = send_counts(indices, e, world, g, rank)
+        _no_reference(seen, "send_counts")
+        expect(torch.equal(indices, before), f"{where} modified `indices`; read it, do not change it")
+        try:
+            got_list = [int(v) for v in (got.tolist() if hasattr(got, "tolist") else got)]
+        except (TypeError, ValueError):
+            fail(f"{where} returned {type(got).__name__} {got!r}; expected a list of {world} ints (rows per rank)")
+        expect(len(got_list) == world, f"{where} returned {len(got_list)} counts {got_list}; expected one per rank: "
+                                       f"{world}")
+        right = EP.node_send_counts(indices, e, world, g, rank)
+        if got_list == right:
+            continue
+        named = [name for name, wrong in _count_mistakes(indices, e, world, g, rank).items() if wrong == got_list]
+        if len(named) == 1:
+            fail(f"{where} = {got_list}, expected {right}: {named[0]}")
+        if named:
+            fail(f"{where} = {got_list}, expected {right}: on this case that is both " + " and ".join(named))
+        n_nodes = world // g
+        nodes = indices // (e // world * g)
+        copies = int(torch.zeros(tokens, n_nodes, dtype=torch.bool).scatter_(1, nodes, True).sum())
+        if sum(got_list) != copies:
+            fail(f"{where} = {got_list}, expected {right}: the counts sum to {sum(got_list)}, but the tokens have "
+                 f"{copies} (token, destination node) pairs, one copy each")
+        bad = next(d for d in range(world) if got_list[d] != right[d])
+        fail(f"{where} = {got_list}, expected {right}: first wrong destination rank {bad} (got {got_list[bad]}, "
+             f"expected {right[bad]}); copies go to rank node * ranks_per_node + (rank % ranks_per_node)")
+    return (f"node-aware send counts right on {len(cases)} cases (1-4 ranks per node): one copy per (token, node), "
+            f"to the rank with your local index there")
