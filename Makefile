@@ -2,6 +2,7 @@
 #   make run    -- execute every notebook (solutions and unsolved labs) into build/, ledger + report
 #   make test   -- pytest on tests/, nbval on solutions/, execution of the unsolved labs/
 #   make lab    -- JupyterLab on the workbook
+#   make test-browser -- every lab (and three solutions) run in JupyterLab in headless Chromium, widgets moved
 PROFILE ?= auto
 LABS ?=
 FORCE ?=
@@ -11,7 +12,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONHASHSEED := 0
 
-.PHONY: setup run test test-fast nbval lab labs check-sync refresh baseline gpu-check clean
+.PHONY: setup run test test-fast test-browser nbval lab labs check-sync refresh baseline gpu-check grade clean
 
 $(VENV)/.installed: pyproject.toml scripts/setup_venv.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/setup_venv.sh
@@ -31,6 +32,16 @@ JOBS ?= 2
 test: $(VENV)/.installed
 	WORKBOOK_HEADLESS=1 WORKBOOK_PROFILE=quick $(PY) -m pytest tests solutions $(NBVAL) -p no:cacheprovider \
 		-n $(JOBS) --dist loadscope
+
+# JupyterLab in headless Chromium (Playwright): Run All on every lab and three solutions, every widget control moved.
+# Installs Playwright into the venv and, as root, Debian's chromium. Screenshots of failures: build/browser/.
+test-browser: $(VENV)/.installed
+	bash scripts/browser_setup.sh $(PY)
+	WORKBOOK_BROWSER=1 $(PY) -m pytest tests/test_browser.py -p no:cacheprovider -v -s
+
+# Instructor: grade learners' notebooks, DIR/<learner>/NN_name.ipynb -> build/grades/grades.csv
+grade: $(VENV)/.installed
+	$(PY) -m common grade "$(DIR)" --out build/grades
 
 # nbval alone: re-execute the solutions and compare their deterministic outputs with the committed ones.
 nbval: $(VENV)/.installed

@@ -1,4 +1,4 @@
-"""Command line: `python -m common labs|check-sync|run|refresh|baseline|inventory` (the Makefile calls these)."""
+"""Command line: `python -m common labs|check-sync|run|refresh|baseline|inventory|grade` (the Makefile calls these)."""
 from __future__ import annotations
 
 import argparse
@@ -26,6 +26,11 @@ def main(argv=None) -> int:
     b.add_argument("--tolerance", type=float, default=0.5, help="relative tolerance of measured results")
     b.add_argument("--note", default="")
     sub.add_parser("inventory", help="print this machine's inventory as JSON")
+    gr = sub.add_parser("grade", help="instructor: run learners' lab notebooks in sandboxes, write grades.csv")
+    gr.add_argument("dir", help="folder of notebooks: DIR/<learner>/NN_name.ipynb (or DIR/NN_name.ipynb)")
+    gr.add_argument("--out", default="build/grades", help="where grades.csv and summary.md go")
+    gr.add_argument("--cell-timeout", type=float, default=120, help="seconds per cell")
+    gr.add_argument("--notebook-timeout", type=float, default=600, help="seconds per notebook")
     a = p.parse_args(argv)
 
     if a.cmd == "labs":
@@ -58,6 +63,17 @@ def main(argv=None) -> int:
             data = results.make_baseline(recs, device, a.tolerance, a.note)
             path.write_text(json.dumps(data, indent=1) + "\n")
             print(f"wrote {path.relative_to(runner.REPO_ROOT)} ({len(recs)} results)")
+        return 0
+    if a.cmd == "grade":
+        from pathlib import Path
+
+        from common import grading
+        try:
+            grading.grade(Path(a.dir), Path(a.out), a.cell_timeout, a.notebook_timeout)
+        except ValueError as exc:
+            print(f"grade: {exc}")
+            return 2
+        print(f"wrote {Path(a.out) / 'grades.csv'} and {Path(a.out) / 'summary.md'}")
         return 0
     if a.cmd == "inventory":
         from common import env

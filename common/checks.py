@@ -20,6 +20,7 @@ from typing import Any, Callable
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
 _status: dict[str, str] = {}
 _titles: dict[str, str] = {}
+_details: dict[str, str] = {}
 
 
 class CheckFailed(AssertionError):
@@ -53,6 +54,47 @@ def status(exercise: str) -> str | None:
 def reset() -> None:
     """Forget all verdicts (tests use this)."""
     _status.clear()
+    _details.clear()
+
+
+def _exercise_key(exercise: str) -> tuple:
+    return tuple(int(p) for p in exercise.split(".") if p.isdigit())
+
+
+def progress_records(lab: int | str) -> list[dict]:
+    """One record per exercise of lab `lab` (e.g. 4 or "04"): exercise, title, status, first line of the verdict.
+
+    status is passed / failed / not attempted, or "not checked" when its check cell has not run in this session."""
+    try:
+        n = int(lab)
+    except (TypeError, ValueError):
+        raise ValueError(f"lab={lab!r} is not a lab number (0-99, e.g. 4 or '04')") from None
+    ids = sorted((e for e in _titles if e.split(".")[0] == str(n)), key=_exercise_key)
+    return [{"exercise": e, "title": _titles[e], "status": _status.get(e, "not checked"),
+             "verdict": _details.get(e, "")} for e in ids]
+
+
+def progress(lab: int | str) -> list[dict]:
+    """Print which exercises of this lab passed, failed, were not attempted or not checked yet; return the records."""
+    records = progress_records(lab)
+    if not records:
+        print(f"Lab {int(lab):02d} has no exercises.")
+        return records
+    width = max(len(r["title"]) for r in records)
+    for r in records:
+        line = f"  {r['exercise']:>5}  {r['title']:<{width}}  {r['status']}"
+        if r["status"] == FAILED:
+            line += f" -- {r['verdict']}"
+        print(line)
+    counts = {s: sum(r["status"] == s for r in records) for s in (PASSED, FAILED, NOT_ATTEMPTED, "not checked")}
+    print(f"Lab {int(lab):02d}: {counts[PASSED]} of {len(records)} exercises passed, {counts[FAILED]} failed, "
+          f"{counts[NOT_ATTEMPTED]} not attempted, {counts['not checked']} not checked yet.")
+    return records
+
+
+def _set(exercise: str, status_: str, message: str) -> None:
+    _status[exercise] = status_
+    _details[exercise] = (message.strip().splitlines() or [""])[0][:300]
 
 
 def ready(exercise: str) -> bool:
@@ -84,19 +126,19 @@ def checker(exercise: str, title: str):
             try:
                 detail = check(*args, **kwargs)
             except NotImplementedError as exc:
-                _status[exercise] = NOT_ATTEMPTED
                 verdict = Verdict(exercise, title, NOT_ATTEMPTED,
                                   f"not attempted yet -- {exc}" if str(exc) else "not attempted yet")
+                _set(exercise, NOT_ATTEMPTED, verdict.detail)
                 print(verdict)
                 return verdict
             except CheckFailed as exc:
-                _status[exercise] = FAILED
+                _set(exercise, FAILED, str(exc))
                 raise CheckFailed(f"Exercise {exercise} ({title}): {exc}") from None
             except Exception as exc:  # the learner's code crashed: say where, as a verdict
-                _status[exercise] = FAILED
+                _set(exercise, FAILED, _learner_error(exc))
                 raise CheckFailed(f"Exercise {exercise} ({title}): {_learner_error(exc)}") from exc
-            _status[exercise] = PASSED
             verdict = Verdict(exercise, title, PASSED, detail or "correct")
+            _set(exercise, PASSED, verdict.detail)
             print(verdict)
             return verdict
 

@@ -98,11 +98,21 @@ def make_lab(solution) -> nbformat.NotebookNode:
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 
 
+def language_info() -> dict:
+    """The language_info ipykernel reports for this Python: JupyterLab writes it into a notebook when the kernel
+    starts, so a notebook that already holds the same values opens unmodified (not marked unsaved)."""
+    import platform
+    return {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+            "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+            "pygments_lexer": "ipython3", "version": platform.python_version()}
+
+
 def normalise(nb):
-    """Workbook metadata for a solution: the python3 kernel, no editor-specific keys (e.g. jupytext's)."""
+    """Workbook metadata for a solution: the python3 kernel and its language_info (as the executing kernel reports
+    it), no editor-specific keys (e.g. jupytext's)."""
     nb.metadata.pop("jupytext", None)
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
-    nb.metadata["language_info"] = {"name": "python"}
+    nb.metadata["language_info"] = language_info()
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
     return nb

@@ -45,11 +45,23 @@ def figure(title: str = "", xlabel: str = "", ylabel: str = "", logx: bool = Fal
 
 
 def show(fig=None) -> None:
-    """Display and close a figure (closing keeps memory flat in long notebooks and avoids duplicate output)."""
+    """Display and close a figure (closing keeps memory flat in long notebooks and avoids duplicate output).
+
+    In Jupyter the figure is rendered once, as a PNG, after tight_layout; the inline backend would render it a
+    second time to crop it (bbox_inches="tight"), which doubles the time a widget takes to redraw."""
+    import matplotlib
     import matplotlib.pyplot as plt
     fig = fig or plt.gcf()
     fig.tight_layout()
-    plt.show()
+    if "inline" in matplotlib.get_backend():
+        import io
+
+        from IPython.display import Image, display
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        display(Image(data=buf.getvalue(), format="png"))
+    else:
+        plt.show()
     plt.close(fig)
 
 

@@ -1,6 +1,7 @@
 """Interactive controls that degrade to a static plot when no one is looking (papermill, nbval, CI).
 
-`explore(fn, n=(1, 64, 1), gpu=["H100-SXM", "B200"], ...)` calls `fn(**values)` whenever a control moves. Headless,
+`explore(fn, n=(1, 64, 1), gpu=["H100-SXM", "B200"], ...)` shows the controls and calls `fn(**values)` whenever a
+control moves; it returns None, so a cell ending in `explore(...)` shows the widget once. Headless,
 or without ipywidgets, it calls `fn` once with each control's default (the value given by `defaults`, else the
 first option, else the middle of a slider's range) and says so, so the committed output is a plain figure.
 """
@@ -47,22 +48,35 @@ def explore(fn: Callable, defaults: dict | None = None, **controls):
     values = static_values(controls, defaults)
     if not is_headless():
         try:
-            import ipywidgets
-            kwargs = {}
-            for name, spec in controls.items():
-                kwargs[name] = spec
-            widget = ipywidgets.interactive(fn, **kwargs)
-            for name, value in values.items():
-                for child in widget.children:
-                    if getattr(child, "description", None) == name:
-                        try:
-                            child.value = value
-                        except Exception:
-                            pass
+            widget = interactive_widget(fn, controls, values)
+        except ImportError:
+            widget = None
+        if widget is not None:
             from IPython.display import display
             display(widget)
-            return widget
-        except ImportError:
-            pass
+            return None  # displayed once: returning the widget would show it again as the cell's value
     print("Static view (no interactive front end): " + ", ".join(f"{k}={v!r}" for k, v in values.items()))
-    return fn(**values)
+    fn(**values)
+    return None
+
+
+def interactive_widget(fn: Callable, controls: dict, values: dict):
+    """The ipywidgets.interactive for `fn`, its controls set to `values`, labels shown in full.
+
+    Sliders update when released (continuous_update=False), so dragging redraws once, not at every pixel."""
+    import ipywidgets
+    widget = ipywidgets.interactive(fn, **controls)
+    for child in widget.children:
+        name = getattr(child, "description", None)
+        if name is None or isinstance(child, ipywidgets.Output):
+            continue
+        if name in values:
+            try:
+                child.value = values[name]
+            except Exception:
+                pass
+        child.style.description_width = "initial"  # never cut a long label ("bandwidt...")
+        child.layout.width = "auto" if isinstance(child, ipywidgets.Checkbox) else "32em"
+        if hasattr(child, "continuous_update"):
+            child.continuous_update = False
+    return widget

@@ -82,5 +82,69 @@ def test_widgets_static_and_interactive(monkeypatch, capsys):
     with pytest.raises(ValueError, match="not controls"):
         widgets.explore(lambda n: None, defaults={"m": 1}, n=(1, 9, 1))
     monkeypatch.setattr(widgets, "is_headless", lambda: False)
-    w = widgets.explore(lambda n, gpu: seen.append((n, gpu)), defaults={"n": 3}, n=(1, 9, 1), gpu=["H100-SXM", "B200"])
-    assert seen[-1] == (3, "H100-SXM") and len(w.children) >= 2
+    import IPython.display
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
+    result = widgets.explore(lambda n, gpu: seen.append((n, gpu)), defaults={"n": 3}, n=(1, 9, 1),
+                             gpu=["H100-SXM", "B200"])
+    assert seen[-1] == (3, "H100-SXM")
+    # displayed exactly once, and nothing returned that Jupyter would display a second time as the cell's value
+    assert result is None and len(shown) == 1 and len(shown[0].children) >= 2
+    controls = [c for c in shown[0].children if getattr(c, "description", None) in ("n", "gpu")]
+    assert len(controls) == 2
+    assert all(c.style.description_width == "initial" for c in controls)  # long labels are not cut
+    assert controls[0].continuous_update is False  # one redraw per release, not one per pixel dragged
+
+
+def test_widget_cell_displays_once():
+    """A cell whose last expression is explore(...) shows one widget, not a second copy under Out[n]."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from common import widgets
+    shell = InteractiveShell.instance()
+    shown = []
+    shell.display_pub.publish = lambda data, *a, **kw: shown.append(data)
+    try:
+        shell.user_ns["widgets"] = widgets
+        shell.user_ns["seen"] = []
+        widgets_headless = widgets.is_headless
+        widgets.is_headless = lambda: False
+        shell.run_cell('widgets.explore(lambda n: seen.append(n), n=(1, 9, 1))', store_history=True)
+        assert shell.user_ns["seen"] == [5]
+        outputs = shell.user_ns.get("Out", {})
+        assert not outputs or all(v is None for v in outputs.values()), outputs
+    finally:
+        widgets.is_headless = widgets_headless
+        InteractiveShell.clear_instance()
+
+
+def test_progress_lists_every_exercise_of_the_lab(capsys):
+    from common import checks
+    from common.checks import CheckFailed, checker, expect_equal
+
+    @checker("97.1", "first")
+    def check_first(fn):
+        expect_equal(fn(), 1)
+
+    @checker("97.2", "second, a longer title")
+    def check_second(fn):
+        expect_equal(fn(), 2)
+
+    @checker("97.10", "tenth")
+    def check_tenth(fn):
+        expect_equal(fn(), 10)
+
+    checker("970.1", "another lab")(lambda fn: None)
+    checks.reset()
+    check_first(lambda: 1)
+    with pytest.raises(CheckFailed):
+        check_second(lambda: 3)
+    capsys.readouterr()
+    records = checks.progress(97)
+    out = capsys.readouterr().out
+    assert [r["exercise"] for r in records] == ["97.1", "97.2", "97.10"]  # numeric order, only lab 97
+    assert [r["status"] for r in records] == ["passed", "failed", "not checked"]
+    assert "expected 2, got 3" in records[1]["verdict"] and "expected 2, got 3" in out
+    assert "Lab 97: 1 of 3 exercises passed, 1 failed, 0 not attempted, 1 not checked yet." in out
+    with pytest.raises(ValueError, match="lab='x'"):
+        checks.progress("x")
+    checks.reset()

@@ -86,3 +86,12 @@ def test_out_of_sync_detects_stale_lab(tmp_path):
     nb.cells[0].source += "\nmore"
     nbformat.write(nb, str(sol / "98_test.ipynb"))
     assert notebooks.out_of_sync(sol, labs) == ["98_test.ipynb"]
+
+
+def test_language_info_is_what_ipykernel_reports():
+    """JupyterLab marks a notebook unsaved on opening when the kernel's language_info differs from the file's."""
+    from ipykernel.ipkernel import IPythonKernel
+    from common import notebooks
+    reported = dict(IPythonKernel.language_info)
+    reported["version"] = __import__("platform").python_version()
+    assert notebooks.language_info() == reported

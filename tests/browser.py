@@ -1,0 +1,224 @@
+"""Drive JupyterLab in a headless Chromium (Playwright), as a learner would: open a notebook, Run All, move widgets.
+
+`JupyterLab(root)` starts `jupyter lab` on 127.0.0.1 with a free port and a random token on a folder of notebook
+copies (so nothing a learner wrote is saved over); `Lab.open(path)` returns a `NotebookPage` that can run all cells,
+report error outputs, and move every control of every interactive widget, timing the redraw. Everything started
+here (server, kernels, browser) is stopped by `close()`, also when a test fails.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def chromium_path() -> str:
+    """The system Chromium; a clear message when there is none."""
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise RuntimeError("no Chromium found: install Debian's `chromium` (apt-get install -y chromium), or set "
+                       "CHROMIUM=/path/to/chrome; `make test-browser` installs it when run as root")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class JupyterLab:
+    """A JupyterLab server on a copy of `notebooks` (paths relative to the repository), stopped by close()."""
+
+    def __init__(self, workdir: Path, notebooks: list[str], log: Path):
+        self.root = Path(workdir)
+        for rel in notebooks:
+            target = self.root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(REPO / rel, target)
+        self.port, self.token = free_port(), secrets.token_hex(16)
+        settings = self.root / ".settings" / "@jupyterlab" / "apputils-extension"
+        settings.mkdir(parents=True)
+        (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')  # no news pop-up
+        env = dict(os.environ, PYTHONPATH=str(REPO), JUPYTER_RUNTIME_DIR=str(self.root / ".runtime"),
+                   JUPYTERLAB_SETTINGS_DIR=str(self.root / ".settings"),
+                   JUPYTERLAB_WORKSPACES_DIR=str(self.root / ".workspaces"))
+        env.pop("WORKBOOK_HEADLESS", None)  # the widgets must be interactive here
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={self.port}",
+             f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
+             "--LabApp.expose_app_in_browser=True",
+             *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
+             ],
+            cwd=self.root, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited with {self.proc.returncode}; see {log}")
+            try:
+                urllib.request.urlopen(f"{self.url}/api/status?token={self.token}", timeout=2)
+                return
+            except OSError:
+                time.sleep(0.5)
+        self.close()
+        raise RuntimeError(f"jupyter lab did not answer on port {self.port} within 90 s; see {log}")
+
+    def shutdown_kernels(self) -> None:
+        """Shut down every running session's kernel (between notebooks, so they do not pile up)."""
+        import json
+        auth = {"Authorization": f"token {self.token}"}
+        with urllib.request.urlopen(urllib.request.Request(f"{self.url}/api/sessions", headers=auth)) as r:
+            sessions = json.load(r)
+        for s in sessions:
+            req = urllib.request.Request(f"{self.url}/api/sessions/{s['id']}", headers=auth, method="DELETE")
+            urllib.request.urlopen(req).close()
+
+    def close(self) -> None:
+        """Stop the server and every kernel it started (they run in its process group or below it)."""
+        import psutil
+        try:
+            family = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            family = []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for p in family:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.proc.wait()
+        psutil.wait_procs(family, timeout=5)
+        self.log.close()
+
+
+# JavaScript run in the page: the notebook panel of the current tab, through the app JupyterLab exposes.
+_PANEL = "const app = window.jupyterapp; const panel = app.shell.currentWidget;"
+_STATE = _PANEL + """
+const cells = panel.content.widgets.map((w, i) => {
+  const m = w.model; const out = m.type === 'code' ? m.outputs.toJSON() : [];
+  return {i, type: m.type, count: m.type === 'code' ? m.executionCount : null,
+          running: w.node.querySelector('.jp-InputPrompt')?.textContent.includes('*') || false,
+          errors: out.filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue),
+          stderr: out.filter(o => o.output_type === 'stream' && o.name === 'stderr').map(o => o.text)};
+});
+return {cells, dirty: panel.context.model.dirty, kernel: panel.sessionContext.session?.kernel?.status};
+"""
+
+
+class NotebookPage:
+    def __init__(self, page, url: str):
+        self.page = page
+        page.goto(url)
+        page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget && "
+                               "window.jupyterapp.shell.currentWidget.sessionContext && "
+                               "window.jupyterapp.shell.currentWidget.sessionContext.session && "
+                               "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel && "
+                               "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
+                               timeout=120_000)
+
+    def state(self) -> dict:
+        return self.page.evaluate(f"() => {{ {_STATE} }}")
+
+    def dirty(self) -> bool:
+        return self.state()["dirty"]
+
+    def run_all(self, cell_limit: float, notebook_limit: float) -> dict:
+        """Run All Cells and wait until every code cell ran; raise TimeoutError naming a cell past its limit."""
+        self.page.evaluate(f"() => {{ {_PANEL} return app.commands.execute('notebook:run-all-cells'); }}")
+        start = last_change = time.time()
+        last_done = -1
+        while True:
+            st = self.state()
+            code = [c for c in st["cells"] if c["type"] == "code"]
+            done = sum(1 for c in code if c["count"] is not None and not c["running"])
+            if done == len(code) and st["kernel"] == "idle":
+                return st
+            now = time.time()
+            if done != last_done:
+                last_done, last_change = done, now
+            running = next((c["i"] for c in code if c["running"]), None)
+            if now - last_change > cell_limit:
+                raise TimeoutError(f"cell {running} ran past the {cell_limit:g} s limit per cell")
+            if now - start > notebook_limit:
+                raise TimeoutError(f"the notebook ran past its {notebook_limit:g} s limit (at cell {running})")
+            time.sleep(0.25)
+
+    def widgets(self):
+        """Locators of the interactive widgets (ipywidgets.interactive containers)."""
+        return self.page.locator(".widget-interact").all()
+
+    def move_every_control(self, widget, redraw_limit: float) -> list[dict]:
+        """Move each control of `widget` once; for each, the time until its plot image changed and any error."""
+        results = []
+        controls = widget.locator(".widget-slider, .widget-dropdown, .widget-checkbox, .widget-toggle-buttons").all()
+        for control in controls:
+            label = control.locator(".widget-label").first.text_content() or "?"
+            before = self._image(widget)
+            t0 = time.time()
+            self._move(control)
+            changed, error = False, ""
+            while time.time() - t0 < redraw_limit:
+                error = self._error_text(widget)
+                if error:
+                    break
+                now_img = self._image(widget)
+                if now_img and now_img != before:
+                    changed = True
+                    break
+                time.sleep(0.05)
+            results.append({"control": label.strip(), "seconds": time.time() - t0, "changed": changed,
+                            "error": error})
+        return results
+
+    def _image(self, widget) -> str:
+        imgs = widget.locator(".jp-OutputArea-output img")
+        return imgs.first.get_attribute("src") if imgs.count() else ""
+
+    def _error_text(self, widget) -> str:
+        err = widget.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr'], "
+                             ".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']")
+        return err.first.text_content()[-1500:] if err.count() else ""
+
+    @staticmethod
+    def _move(control) -> None:
+        cls = control.get_attribute("class") or ""
+        if "widget-dropdown" in cls:
+            select = control.locator("select")
+            options = select.locator("option").all()
+            current = select.input_value()
+            values = [o.get_attribute("value") for o in options]
+            nxt = values[(values.index(current) + 1) % len(values)] if current in values else values[-1]
+            select.select_option(nxt)
+        elif "widget-checkbox" in cls:
+            control.locator("input[type=checkbox]").click()
+        elif "widget-toggle-buttons" in cls:
+            buttons = control.locator("button").all()
+            idle = [b for b in buttons if "mod-active" not in (b.get_attribute("class") or "")]
+            (idle or buttons)[0].click()
+        else:  # a slider: one step with the keyboard, as a learner nudging it (back, when it sits at its maximum)
+            handle = control.locator(".noUi-handle").first
+            readout = control.locator(".widget-readout").first
+            before = readout.text_content()
+            handle.focus()
+            handle.press("ArrowRight")
+            if readout.text_content() == before:
+                handle.press("ArrowLeft")
