@@ -339,6 +339,73 @@ def worst_relative_errors(ref: dict, got: dict) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------------------------------- the loop's tools
+@dataclass
+class Result:
+    """One version of the step: verified against the baseline, then timed."""
+
+    version: Version
+    worst_rel_err: float  # largest max|got - ref| / max|ref| over the output and every gradient
+    max_abs_err: float  # max |got - ref| of the output
+    timing: object  # common.timing.Timing
+
+    @property
+    def ms(self) -> float:
+        return self.timing.ms
+
+
+def verify_and_time(block: Block, x: torch.Tensor, version: Version, ref: dict, rtol: float = 1e-4,
+                    min_run_time: float = 1.0, moe_fn=None) -> Result:
+    """Verify before you time: compare output and gradients with the baseline's `ref` (rtol x each tensor's largest
+    magnitude); raise if they differ, else time the step with common.timing.bench (the first step, which compiles or
+    allocates, is the warm-up)."""
+    from common import timing
+    got = outputs_and_grads(block, x, version, moe_fn)
+    errors = worst_relative_errors(ref, got)
+    if not equivalent(ref, got, rtol):
+        worst = max(errors, key=lambda k: errors[k] if errors[k] == errors[k] else float("inf"))
+        raise AssertionError(f"{version.name} is not equivalent to the baseline: {worst} differs by "
+                             f"{errors[worst]:.3g} of its scale (allowed {rtol:g}); not timing a wrong step")
+    t = timing.bench(step, block, x, version, moe_fn, label=version.name, min_run_time=min_run_time)
+    return Result(version, max(errors.values()), max_abs_error(ref, got), t)
+
+
+def profile_step(block: Block, x: torch.Tensor, version: Version, path, moe_fn=None, warmup: bool = True):
+    """Profile one step (after a warm-up step unless `warmup=False`) with torch.profiler inside
+    record_function("step"); write the Chrome trace to `path`. Returns the profiler (for its operator table)."""
+    from pathlib import Path
+    from torch.profiler import ProfilerActivity, profile, record_function
+    if warmup:
+        step(block, x, version, moe_fn)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if x.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        with record_function("step"):
+            step(block, x, version, moe_fn)
+            if x.device.type == "cuda":
+                torch.cuda.synchronize()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    return prof
+
+
+def plot_waterfall(labels, ms, title: str = "Step time after each change"):
+    """A waterfall: the baseline's bar, then each change as the step it took off (labelled with its ratio)."""
+    from common import plots
+    if len(labels) != len(ms) or not ms:
+        raise ValueError(f"need one time per label, got {len(labels)} labels and {len(ms)} times")
+    fig, ax = plots.figure(title, "", "step time (ms, log scale)", logy=True, figsize=(8.5, 4.2))
+    for i, (label, t) in enumerate(zip(labels, ms)):
+        top = ms[i - 1] if i else t
+        ax.bar(i, max(top, t) - min(top, t) if i else t, bottom=min(top, t) if i else 0.0, width=0.6,
+               color=plots.PALETTE[0] if i == 0 else (plots.PALETTE[2] if t <= top else plots.PALETTE[1]))
+        ax.plot([i - 0.3, i + 0.3], [t, t], color="black", lw=1.5)
+        ax.annotate(f"{t:.3g} ms" + (f"\n{top / t:.2g}x" if i else ""), (i, t), textcoords="offset points",
+                    xytext=(0, -24 if i else 4), ha="center", fontsize=8)
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
+    ax.set_ylim(min(ms) / 3, max(ms) * 2)
+    return fig
+
+
 # ---------------------------------------------------------------------------------------------- work counts
 def step_flops_and_bytes(block: Block, x: torch.Tensor, version: Version) -> tuple[float, float]:
     """FLOPs of one step (torch's FlopCounterMode: matmuls and attention, forward and backward) and the bytes its

@@ -14,7 +14,7 @@ def _seeded(seed):
     return torch.Generator().manual_seed(seed)
 
 
-# ---------------------------------------------------------------------------------------------- 12.1
+# ---------------------------------------------------------------------------------------------- 12.3
 def _moe_case(tokens, hidden, ffn, experts, k, seed, unused=()):
     g = _seeded(seed)
     x = torch.randn(tokens, hidden, generator=g, dtype=torch.float64)
@@ -47,7 +47,7 @@ def _forward_and_grads(fn, x, weights, indices, ws, act):
     return out, leaves
 
 
-@checker("12.1", "grouped MoE forward")
+@checker("12.3", "grouped MoE forward")
 def check_moe_grouped_forward(fn):
     """fn(x [T,H], weights [T,k], indices [T,k], w_gate [E+1,H,F], w_up [E+1,H,F], w_down [E+1,F,H], act) -> [T,H]:
     the shared expert (index E) on every token plus each token's k experts weighted, grouped by expert."""
@@ -120,7 +120,7 @@ def check_moe_grouped_forward(fn):
     return "output and gradients match; one act call; at most 3 matmuls per expert"
 
 
-# ---------------------------------------------------------------------------------------------- 12.2
+# ---------------------------------------------------------------------------------------------- 12.1
 def _idle_cases(seed):
     rng = random.Random(seed)
     ev = lambda ts, dur, tid=1, name="aten::op": {"name": name, "ts": float(ts), "dur": float(dur), "tid": tid}
@@ -150,7 +150,7 @@ def _idle_cases(seed):
     return cases
 
 
-@checker("12.2", "idle share from a trace")
+@checker("12.1", "idle share from a trace")
 def check_idle_share(fn):
     """fn(events, window) -> fraction of window (start, end) in which no event (dicts: ts, dur in us) runs."""
     seed = random.randrange(2**31)
@@ -190,7 +190,7 @@ def check_idle_share(fn):
     return "overlaps merged, clipped to the window, edges counted"
 
 
-# ---------------------------------------------------------------------------------------------- 12.3
+# ---------------------------------------------------------------------------------------------- 12.2
 def _tensors(seed, out_scale=300.0, grad_scale=1e-7):
     g = _seeded(seed)
     out = torch.randn(64, 48, generator=g) * out_scale
@@ -253,7 +253,7 @@ _WHY = {
 }
 
 
-@checker("12.3", "equivalence check with a sensible tolerance")
+@checker("12.2", "equivalence check with a sensible tolerance")
 def check_equivalent(fn):
     """fn(ref, got) -> True when got's output and gradients (dicts name -> tensor or None) match ref's within a
     tolerance that accepts float32 rounding and rejects real bugs."""
