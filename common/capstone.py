@@ -59,7 +59,8 @@ FULL = BlockConfig(batch=2, seq=1024, hidden=1024, heads=8, head_dim=128, kv_ran
 
 
 def config_for(profile: str) -> BlockConfig:
-    """The block's size for a profile: `quick` (about a second per naive step on 2 CPU cores) or `full` (a GPU)."""
+    """The block's size for a profile: `quick` (a naive step: ~0.3 s on a quiet CPU core, 1-2 s on a busy one) or
+    `full` (a GPU)."""
     if profile not in ("quick", "full"):
         raise ValueError(f"profile={profile!r} is not a resolved profile; allowed: 'quick', 'full'")
     return QUICK if profile == "quick" else FULL
@@ -86,8 +87,9 @@ class Version:
 
 
 BASELINE = Version("baseline")
-_FIXES = [("grouped MoE", dict(moe="grouped")), ("SDPA", dict(attention="sdpa")), ("compiled SwiGLU", dict(compiled=True)),
-          ("no host sync", dict(host_sync=False)), ("preallocated", dict(preallocated=True))]
+_FIXES = [("grouped MoE", dict(moe="grouped")), ("SDPA", dict(attention="sdpa")),
+          ("compiled SwiGLU", dict(compiled=True)), ("no host sync", dict(host_sync=False)),
+          ("preallocated", dict(preallocated=True))]
 
 
 def cumulative_versions(fixes=_FIXES) -> list[Version]:
@@ -410,7 +412,8 @@ def plot_waterfall(labels, ms, title: str = "Step time after each change"):
 def step_flops_and_bytes(block: Block, x: torch.Tensor, version: Version) -> tuple[float, float]:
     """FLOPs of one step (torch's FlopCounterMode: matmuls and attention, forward and backward) and the bytes its
     operators read and write if nothing stayed in cache (every aten op's tensor inputs and outputs): an upper bound on
-    memory traffic, so the arithmetic intensity is a lower bound."""
+    memory traffic, so the arithmetic intensity is a lower bound. Counted on the uncompiled equivalent of `version`
+    (same math; a compiled graph hides its operators from the counters)."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import FlopCounterMode
 

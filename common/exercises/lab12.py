@@ -214,7 +214,8 @@ def _noisy(ref, rel, seed, keys=None):
 def _cases(seed):
     ref = _tensors(seed)
     right = [("identical", ref, {k: v.clone() for k, v in ref.items()}),
-             ("fp32 rounding noise (2e-6 of each tensor's largest value, zeros included)", ref, _noisy(ref, 2e-6, seed))]
+             ("fp32 rounding noise (2e-6 of each tensor's largest value, zeros included)", ref,
+              _noisy(ref, 2e-6, seed))]
     wrong = []
     bad = {k: v.clone() for k, v in ref.items()}
     bad["grad.bias"] = -bad["grad.bias"]
