@@ -11,7 +11,8 @@ from common.env import REPO_ROOT
 NAMES = notebooks.notebook_names()
 EXPECTED = ["00_orientation", "01_measurement", "02_roofline", "03_fusion_and_triton", "04_flash_attention",
             "05_low_precision", "06_moe_routing", "07_collectives", "08_pipeline_dualpipe", "09_nvl72_topology",
-            "10_scaling_and_cost", "11_beyond_the_gpu", "13_deepseek_v3_from_first_principles"]
+            "10_scaling_and_cost", "11_beyond_the_gpu", "12_profiling_loop",
+            "13_deepseek_v3_from_first_principles"]
 
 
 def _solution(name):
