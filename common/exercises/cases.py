@@ -1,0 +1,55 @@
+"""Random cases a learner cannot memorise, and learner calls whose failures say which call was made.
+
+`seeded()` draws a fresh seed per checker call and returns (rng, seed); `with reproducible(seed):` appends the seed
+to any verdict raised inside, so the learner can replay the failing cases (`random.Random(seed)`).
+`call(fn, text, *args)` runs the learner's function; an exception (other than NotImplementedError, which means "not
+attempted") becomes a verdict naming the call, what was expected and what was raised.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+import secrets
+
+from common.checks import CheckFailed, _learner_error
+
+
+def seeded(factory=random.Random):
+    """(rng, seed): a fresh seed per call; `factory` is random.Random or numpy.random.default_rng."""
+    seed = secrets.randbits(32)
+    return factory(seed), seed
+
+
+@contextlib.contextmanager
+def reproducible(seed: int):
+    """Add the random cases' seed to a verdict raised in the block."""
+    try:
+        yield
+    except CheckFailed as exc:
+        raise CheckFailed(f"{exc} [random cases drawn with seed {seed}]") from None
+
+
+def call(fn, text: str, *args, expected: str = "a result"):
+    """fn(*args); a crash is reported as `text` raised X (expected: ...), not as the checker's own error."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise
+    except CheckFailed:
+        raise
+    except Exception as exc:
+        raise CheckFailed(f"{text} should return {expected}; {_learner_error(exc)}") from exc
+
+
+def as_number(got, text: str, integer: bool = False):
+    """The learner's result as a float (or an int when `integer`), or a verdict saying what came back."""
+    if got is None:
+        raise CheckFailed(f"{text} returned None -- did the function forget to return its result?")
+    if isinstance(got, bool) or not hasattr(got, "__float__"):
+        raise CheckFailed(f"{text} returned {type(got).__name__} {got!r}; expected a number")
+    value = float(got)
+    if integer:
+        if not value.is_integer():
+            raise CheckFailed(f"{text} returned {got!r}; expected a whole number")
+        return int(value)
+    return value
