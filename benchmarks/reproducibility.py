@@ -3,7 +3,8 @@
     python benchmarks/reproducibility.py [--runs 3] [--labs "00 01 02"] [--profile quick]
 
 Each run executes the chosen solution notebooks with papermill (as `make run` does, into build/reproducibility/) and
-reads their results ledger. For every measured result (recorded with `higher_is_better=` or `measured=True`) it
+reads their results ledger; the saved machine profile (build/machine/) is removed before each run unless
+--keep-machine, so each run measures the ceilings afresh. For every measured result (recorded with `higher_is_better=` or `measured=True`) it
 prints the median, min, max and coefficient of variation over the runs; a result is "within 15%" when every run lies
 within 15% of the median. The last line is `reproducible: K of M measured results within 15% over N runs`.
 """
@@ -36,6 +37,9 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3, help="how many times to run each lab (>= 2)")
     p.add_argument("--labs", default="", help='subset, e.g. "00 02" (default: every lab)')
     p.add_argument("--profile", default="quick", help="quick (default), full or auto")
+    p.add_argument("--keep-machine", action="store_true",
+                   help="reuse the saved machine profile (default: measure it afresh in every run, so the ceilings' "
+                        "own run-to-run spread is part of the report)")
     a = p.parse_args(argv)
     if a.runs < 2:
         p.error(f"--runs={a.runs} must be >= 2 (a spread needs two runs)")
@@ -46,6 +50,9 @@ def main(argv=None) -> int:
     out = runner.BUILD / "reproducibility"
     failed = 0
     for i in range(a.runs):
+        if not a.keep_machine:
+            for saved in runner.BUILD.joinpath("machine").glob("*.json"):
+                saved.unlink()
         for name in names:
             run = runner.execute(runner.REPO_ROOT / "solutions" / name, a.profile, out / f"run{i + 1}")
             print(f"run {i + 1}/{a.runs} {name[:-6]}: {run.status} in {run.seconds:.1f} s"

@@ -9,6 +9,8 @@ between two completed stamps (and refuses, like CUDA, before both have completed
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import statistics
 import threading
@@ -190,3 +192,27 @@ def interleaved_samples(fns: dict, n: int, sync: Callable[[], None] = lambda: No
             sync()
             out[name].append(time.perf_counter() - start)
     return out
+
+
+@contextlib.contextmanager
+def native_stderr_captured():
+    """Capture what native code writes to file descriptor 2 (e.g. the profiler's `USDT ... profiler_start` lines,
+    which bypass sys.stderr) while the block runs; yields a list that receives the captured lines."""
+    import sys
+    import tempfile
+    lines: list[str] = []
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (an embedded interpreter): nothing to capture
+        yield lines
+        return
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(tmp.read().decode(errors="replace").splitlines())
