@@ -1,8 +1,8 @@
 """Timing that is right by default: warm-up, device synchronisation, repeats to a minimum time, median and spread.
 
 `bench(fn, *args)` is the one entry point. On a CPU it stands on `torch.utils.benchmark.Timer.blocked_autorange`
-(with torch's current thread count, not the Timer's default of one), and always keeps at least `min_blocks` timed
-blocks so a spread is real, never the IQR of one block. On a GPU it stands on `triton.testing.do_bench` (CUDA events,
+(with torch's current thread count, not the Timer's default of one), and keeps at least `min_blocks` timed blocks
+(within a time cap) so a spread is real, not the IQR of one block. On a GPU it stands on `triton.testing.do_bench` (CUDA events,
 L2 flushed between repeats); with `flush_l2=False` it times batches of back-to-back calls between two CUDA events
 instead, so a call shorter than a host synchronisation (a 2.5 us read of an L2-resident buffer) is still timed right.
 `compare([...])` turns timings into a pandas table.
@@ -69,12 +69,13 @@ def _device_of(device: str | None) -> str:
 
 
 def bench(fn: Callable, *args, label: str | None = None, device: str | None = None, min_run_time: float = 0.2,
-          warmup: int = 1, flush_l2: bool = True, min_blocks: int = 5, **kwargs) -> Timing:
+          warmup: int = 1, flush_l2: bool = True, min_blocks: int = 3, **kwargs) -> Timing:
     """Time `fn(*args, **kwargs)`; return a `Timing` (seconds per call).
 
     - warm-up calls first (first-call costs: allocation, compilation, caches);
-    - CPU: `torch.utils.benchmark` blocks of calls until `min_run_time` seconds and at least `min_blocks` blocks,
-      with torch's current thread count (see `common.ceilings.threads`);
+    - CPU: `torch.utils.benchmark` blocks of calls until `min_run_time` seconds and at least `min_blocks` blocks
+      (the extra blocks capped at max(1 s, 4 x min_run_time), so a very slow call is not repeated for minutes), with
+      torch's current thread count (see `common.ceilings.threads`);
     - GPU: `triton.testing.do_bench` (CUDA events, synchronised, L2 flushed); `flush_l2=False`: batches of calls
       between CUDA events (the cache stays warm, as the data would in a fused or repeated kernel).
     """
@@ -94,15 +95,18 @@ def bench(fn: Callable, *args, label: str | None = None, device: str | None = No
     return _bench_cpu(call, label, min_run_time, min_blocks)
 
 
-def _bench_cpu(call: Callable, label: str, min_run_time: float, min_blocks: int = 5) -> Timing:
+def _bench_cpu(call: Callable, label: str, min_run_time: float, min_blocks: int = 3) -> Timing:
     import torch
     from torch.utils import benchmark
     timer = benchmark.Timer(stmt="call()", globals={"call": call}, num_threads=torch.get_num_threads(),
                             label=label)
     m = timer.blocked_autorange(min_run_time=min_run_time)
     times = list(m.times)
-    while len(times) < min_blocks:  # a slow call fills min_run_time in one block: time more blocks for a real IQR
-        times.extend(timer.timeit(m.number_per_run).times)
+    budget = max(1.0, 4 * min_run_time)
+    while len(times) < min_blocks and budget > 0:  # a slow call fills min_run_time in one block: time more blocks
+        extra = timer.timeit(m.number_per_run).times
+        times.extend(extra)
+        budget -= extra[0] * m.number_per_run
     return Timing(label=label, median_s=statistics.median(times), iqr_s=_iqr(times), times=times, device="cpu")
 
 

@@ -38,7 +38,7 @@ def test_threads_restores_and_validates():
 def test_sweep_is_single_threaded_and_says_so():
     c = ceilings.bandwidth_sweep([2**16], device="cpu", min_run_time=0.01)[0]
     assert "1 thread" in c.detail and c.value > 0.1
-    assert len(c.timing.times) >= 5
+    assert len(c.timing.times) >= 3
 
 
 def test_bad_arguments_name_the_parameter():
