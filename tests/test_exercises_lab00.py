@@ -76,3 +76,11 @@ def test_predict_parameters_varied():
         lab00.check_predict_matmul_seconds(lambda m, n, k, b, f, bw: _predict(m, n, k, 2, f, bw))
     with pytest.raises(CheckFailed, match="counts elements, not bytes"):
         lab00.check_predict_matmul_seconds(lambda m, n, k, b, f, bw: _predict(m, n, k, 1, f, bw))
+
+
+def test_calling_the_reference_is_caught():
+    from common import ceilings
+    with pytest.raises(CheckFailed, match="calls common.ceilings.matmul_flops"):
+        lab00.check_matmul_flops(lambda m, n, k: ceilings.matmul_flops(m, n, k))
+    with pytest.raises(CheckFailed, match="calls common.ceilings.copy_bytes"):
+        lab00.check_copy_bytes(lambda n, d: ceilings.copy_bytes(n * B[d]))

@@ -66,7 +66,8 @@ def test_time_fn_stub():
 
 
 def test_is_regression_right():
-    assert check_is_regression(reference_rule).passed
+    assert check_is_regression(inline_rule).passed
+    assert check_is_regression(lambda b, c: reference_rule(b, c)).passed  # a wrapper is not caught: the text says so
 
 
 def mean_any_slower(base, cand):
@@ -205,3 +206,16 @@ def test_event_time_stub():
     def stub(fn, make_event, sync, warmup, repeats):
         raise NotImplementedError("Exercise 1.3")
     assert check_event_time(stub).status == "not attempted"
+
+
+def test_is_regression_reference_itself_is_caught():
+    with pytest.raises(CheckFailed, match="the workbook's reference answer"):
+        check_is_regression(reference_rule)
+
+
+def inline_rule(baseline_times, candidate_times):
+    import numpy as np
+    base, cand = np.median(baseline_times), np.median(candidate_times)
+    shift = cand / base - 1.0
+    spread = 1.4826 * np.median(np.abs(np.asarray(baseline_times) - base)) / base
+    return bool(shift > 0.10 and shift > 3.0 * spread * (2.0 / len(baseline_times)) ** 0.5)

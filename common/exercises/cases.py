@@ -29,16 +29,44 @@ def reproducible(seed: int):
         raise CheckFailed(f"{exc} [random cases drawn with seed {seed}]") from None
 
 
-def call(fn, text: str, *args, expected: str = "a result"):
-    """fn(*args); a crash is reported as `text` raised X (expected: ...), not as the checker's own error."""
+@contextlib.contextmanager
+def watched(references):
+    """Replace each (module, name) by a spy while the block runs; yields the list of names that were called."""
+    called: list[str] = []
+    saved = []
+    for module, name in references:
+        real = getattr(module, name)
+
+        def spy(*a, _real=real, _name=f"{module.__name__}.{name}", **k):
+            called.append(_name)
+            return _real(*a, **k)
+        saved.append((module, name, real))
+        setattr(module, name, spy)
     try:
-        return fn(*args)
+        yield called
+    finally:
+        for module, name, real in saved:
+            setattr(module, name, real)
+
+
+def call(fn, text: str, *args, expected: str = "a result", references=()):
+    """fn(*args); a crash is reported as `text` raised X (expected: ...), not as the checker's own error.
+
+    `references`: (module, name) pairs of the workbook's own reference for this exercise; a learner's function that
+    calls one fails, since the exercise is to write it."""
+    try:
+        with watched(references) as called:
+            out = fn(*args)
     except NotImplementedError:
         raise
     except CheckFailed:
         raise
     except Exception as exc:
         raise CheckFailed(f"{text} should return {expected}; {_learner_error(exc)}") from exc
+    if called:
+        raise CheckFailed(f"{text} calls {called[0]}, the workbook's reference answer: this exercise is to write it "
+                          f"yourself")
+    return out
 
 
 def as_number(got, text: str, integer: bool = False):

@@ -122,6 +122,10 @@ def _trial_rates(is_regression, rng, slowdown: float, trials: int, n: int = 15) 
 @checker("1.2", "a noise-aware regression rule")
 def check_is_regression(is_regression):
     """is_regression(baseline_times, candidate_times) -> True for a real slowdown of >= 20%, False for noise."""
+    from common import measurement
+    if is_regression is measurement.is_regression:
+        fail("is_regression is common.measurement.is_regression, the workbook's reference answer: this exercise is to "
+             "write the rule yourself")
     rng, seed = seeded(np.random.default_rng)
     trials = 200
     with reproducible(seed):

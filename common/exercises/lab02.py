@@ -52,8 +52,8 @@ def _check_cost(call: str, got, ref: rl.Cost, mistakes: list[tuple[str, float | 
     expect_close(nbytes, ref.bytes, f"{call} bytes", rtol=1e-9, atol=0)
 
 
-def _learner(fn, text: str, *args):
-    return call(fn, text, *args, expected="a pair (flops, bytes)")
+def _learner(fn, text: str, *args, reference: str = ""):
+    return call(fn, text, *args, expected="a pair (flops, bytes)", references=[(rl, reference)] if reference else ())
 
 
 _DTYPES_FIXED = ("fp32", "bf16", "fp8", "fp64")  # every element size in a fixed case, the 4-byte one first
@@ -69,7 +69,7 @@ def check_vector_add_cost(vector_add_cost):
         for n, d in cases:
             ref, b = rl.vector_add_cost(n, d), B[d]
             text = f"vector_add_cost({n}, {d!r})"
-            _check_cost(text, _learner(vector_add_cost, text, n, d), ref, dtype=d, mistakes=[
+            _check_cost(text, _learner(vector_add_cost, text, n, d, reference="vector_add_cost"), ref, dtype=d, mistakes=[
                 ("the bytes miss a stream: c = a + b reads a, reads b and writes c (3 x n x bytes)", None, 2 * n * b),
                 ("the bytes are counted in elements; multiply by the bytes per element", None, 3 * n),
                 ("one add per element is 1 FLOP, not 2 (there is no multiply)", 2 * n, None),
@@ -88,7 +88,7 @@ def check_gemm_cost(gemm_cost):
         for m, n, k, d in cases:
             ref, b = rl.gemm_cost(m, n, k, d), B[d]
             text = f"gemm_cost({m}, {n}, {k}, {d!r})"
-            _check_cost(text, _learner(gemm_cost, text, m, n, k, d), ref, dtype=d, mistakes=[
+            _check_cost(text, _learner(gemm_cost, text, m, n, k, d, reference="gemm_cost"), ref, dtype=d, mistakes=[
                 ("that counts multiply-adds; each is 2 FLOPs", m * n * k, None),
                 ("the bytes miss writing C (m x n): a GEMM reads A and B and writes C", None, (m * k + k * n) * b),
                 ("the bytes are counted in elements; multiply by the bytes per element", None, m * k + k * n + m * n),
@@ -107,7 +107,7 @@ def check_softmax_cost(softmax_cost):
         for r, c, d in cases:
             ref, b = rl.softmax_cost(r, c, d), B[d]
             text = f"softmax_cost({r}, {c}, {d!r})"
-            _check_cost(text, _learner(softmax_cost, text, r, c, d), ref, dtype=d, mistakes=[
+            _check_cost(text, _learner(softmax_cost, text, r, c, d, reference="softmax_cost"), ref, dtype=d, mistakes=[
                 ("the bytes count only the read of x; the output y is written too", None, r * c * b),
                 ("the bytes are counted in elements; multiply by the bytes per element", None, 2 * r * c),
             ], flops_hint="the convention here: 5 FLOPs per element -- max, subtract, exp, sum, divide")
@@ -124,7 +124,7 @@ def check_layernorm_cost(layernorm_cost):
         for r, c, d in cases:
             ref, b = rl.layernorm_cost(r, c, d), B[d]
             text = f"layernorm_cost({r}, {c}, {d!r})"
-            _check_cost(text, _learner(layernorm_cost, text, r, c, d), ref, dtype=d, mistakes=[
+            _check_cost(text, _learner(layernorm_cost, text, r, c, d, reference="layernorm_cost"), ref, dtype=d, mistakes=[
                 ("the bytes miss the weight and bias vectors (cols elements each)", None, 2 * r * c * b),
                 ("weight and bias are read once per call, not once per row", None, (2 * r * c + 2 * r * c) * b),
                 ("the bytes are counted in elements; multiply by the bytes per element", None, 2 * r * c + 2 * c),
@@ -144,7 +144,7 @@ def check_attention_cost(attention_cost):
         for bsz, h, s, d_, d in cases:
             ref, b, bh = rl.attention_cost(bsz, h, s, d_, d), B[d], bsz * h
             text = f"attention_cost({bsz}, {h}, {s}, {d_}, {d!r})"
-            _check_cost(text, _learner(attention_cost, text, bsz, h, s, d_, d), ref, dtype=d, mistakes=[
+            _check_cost(text, _learner(attention_cost, text, bsz, h, s, d_, d, reference="attention_cost"), ref, dtype=d, mistakes=[
                 ("those are FlashAttention's bytes (Q, K, V, O only); the naive version also writes S, reads it, writes "
                  "P and reads P: 4*s*s more elements", None, bh * 4 * s * d_ * b),
                 ("the bytes count S and P once each; each is written once and read once (4*s*s in all)", None,
@@ -167,7 +167,8 @@ def check_attainable(attainable):
     got = []
     for x, peak, bw in cases:
         text = f"attainable({x:.4g}, {peak:.4g}, {bw:.4g})"
-        got.append(as_number(call(attainable, text, x, peak, bw, expected="a FLOP/s number"), text))
+        got.append(as_number(call(attainable, text, x, peak, bw, expected="a FLOP/s number",
+                                  references=[(rl, "attainable")]), text))
 
     def all_match(rule):
         return all(math.isclose(g, rule(x, p, b), rel_tol=1e-9) for g, (x, p, b) in zip(got, cases))
@@ -208,7 +209,8 @@ def check_ridge(ridge):
 def _check_one_ridge(ridge, g: str, d: str) -> None:
     ref = hardware.ridge_point(g, d)
     text = f"ridge({g!r}, {d!r})"
-    got = as_number(call(ridge, text, g, d, expected="FLOPs per byte (a number)"), text)
+    got = as_number(call(ridge, text, g, d, expected="FLOPs per byte (a number)",
+                         references=[(hardware, "ridge_point")]), text)
     tf, tbs = hardware.peak_tflops(g, d), hardware.gpu(g).hbm_bandwidth_tbs
     if hardware.gpu(g).tflops[d]["sparse"] and math.isclose(got, 2 * ref, rel_tol=1e-6):
         other = [x for x in hardware.supported_dtypes(g) if x != d and
@@ -252,7 +254,8 @@ def _check_one_critical_batch(critical_batch, g: str, d: str, k: int, n: int) ->
     roof = rl.Roof.datasheet(g, d)
     ref = rl.critical_batch(roof.peak_flops, roof.bandwidth, k, n, d)
     text = f"critical_batch({g!r}, {d!r}, k={k}, n={n})"
-    got = call(critical_batch, text, g, d, k, n, expected="an integer batch size")
+    got = call(critical_batch, text, g, d, k, n, expected="an integer batch size",
+               references=[(rl, "critical_batch")])
     expect(got is not None, f"{text} returned None -- return an integer batch size")
     if isinstance(got, float) and not float(got).is_integer():
         fail(f"{text} = {got}: a batch is a whole number of tokens; return the smallest integer that reaches the "
