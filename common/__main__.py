@@ -1,4 +1,5 @@
-"""Command line: `python -m common labs|check-sync|run|refresh|baseline|inventory|grade` (the Makefile calls these)."""
+"""Command line: `python -m common labs|check-sync|run|refresh|baseline|machine|inventory|grade` (the Makefile calls
+these)."""
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,16 @@ def main(argv=None) -> int:
     r.add_argument("--strict", action="store_true", help="also fail on performance regressions")
     f = sub.add_parser("refresh", help="maintainer: re-execute solutions in place to refresh reference outputs")
     f.add_argument("--labs", default="")
-    b = sub.add_parser("baseline", help="write data/baselines/<device>.json from build/results.jsonl")
-    b.add_argument("--tolerance", type=float, default=0.5, help="relative tolerance of measured results")
+    b = sub.add_parser("baseline", help="record this machine's baseline (build/baselines/<fingerprint>.json) from "
+                                        "build/results.jsonl")
+    b.add_argument("--tolerance", type=float, default=runner.MEASURED_TOLERANCE,
+                   help="relative tolerance of measured results")
     b.add_argument("--note", default="")
+    b.add_argument("--reference", action="store_true",
+                   help="maintainer: write the committed reference data/baselines/<device>.json instead "
+                        "(deterministic results only)")
+    m = sub.add_parser("machine", help="print this machine's profile (ceilings, caches), measuring it if absent")
+    m.add_argument("--refresh", action="store_true", help="measure again and save")
     sub.add_parser("inventory", help="print this machine's inventory as JSON")
     gr = sub.add_parser("grade", help="instructor: run learners' lab notebooks in sandboxes, write grades.csv")
     gr.add_argument("dir", help="folder of notebooks: DIR/<learner>/NN_name.ipynb (or DIR/NN_name.ipynb)")
@@ -55,14 +63,28 @@ def main(argv=None) -> int:
         if not records:
             print("build/results.jsonl is empty: run `make run` first")
             return 1
+        if a.tolerance <= 0:
+            print(f"--tolerance={a.tolerance} must be > 0 (a relative tolerance, e.g. 0.5)")
+            return 2
+        if not a.reference:
+            path = runner.write_machine_baseline(records, results.machine_baseline_path(), a.tolerance, a.note)
+            print(f"wrote {path.relative_to(runner.REPO_ROOT)} ({len(records)} results): this machine's baseline")
+            return 0
         by_device = {}
         for rec in records:
             by_device.setdefault(rec["device"], []).append(rec)
         for device, recs in by_device.items():
             path = runner.REPO_ROOT / "data" / "baselines" / f"{device}.json"
-            data = results.make_baseline(recs, device, a.tolerance, a.note)
+            data = results.make_baseline(recs, device, a.tolerance, a.note, deterministic_only=True)
             path.write_text(json.dumps(data, indent=1) + "\n")
-            print(f"wrote {path.relative_to(runner.REPO_ROOT)} ({len(recs)} results)")
+            print(f"wrote {path.relative_to(runner.REPO_ROOT)} ({len(data['results'])} deterministic results)")
+        return 0
+    if a.cmd == "machine":
+        from common import ceilings, env
+        env.setup("machine", quiet=True)
+        prof = ceilings.machine_profile(refresh=a.refresh)
+        print(prof.summary())
+        print(f"saved in {ceilings.profile_path(prof.fingerprint).relative_to(runner.REPO_ROOT)}")
         return 0
     if a.cmd == "grade":
         from pathlib import Path

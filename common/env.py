@@ -98,21 +98,34 @@ def configure_triton(has_gpu: bool) -> str:
     return "compiled" if has_gpu and os.environ.get("TRITON_INTERPRET") != "1" else "interpreted"
 
 
-# Substrings of torch.cuda.get_device_name() -> the hardware ids used in data/ and the ledger.
-_GPU_NAME_PATTERNS = (("GB200", "GB200"), ("B200", "B200"), ("H200", "H200-SXM"), ("H800", "H800-SXM"),
-                      ("H100", "H100-SXM"), ("A100", "A100-SXM"))
+# torch.cuda.get_device_name() -> the hardware ids used in data/ and the ledger. Rules are tried in order, most specific
+# first; each lists words that must all appear in the upper-cased name. A variant with its own memory system gets its
+# own id (data/hardware.json "gpu_variants" holds its sourced facts); a name no rule claims, or one that cannot be
+# told apart by name, is unknown (None) -- never a neighbour's datasheet.
+_GPU_NAME_RULES = (
+    (("GH200",), None),  # Grace Hopper: 96 GB HBM3 at 4 TB/s or 144 GB HBM3e at 4.9 TB/s; "H200" is a substring
+    (("GB200",), "GB200"),
+    (("B200",), "B200"),
+    (("H200", "NVL"), "H200-NVL"),
+    (("H200",), "H200-SXM"),
+    (("H800",), "H800-SXM"),
+    (("H100", "NVL"), "H100-NVL"),  # 94 GB, 3.9 TB/s: not the SXM's 80 GB at 3.35 TB/s
+    (("H100",), "H100-SXM"),
+    (("A100", "40GB"), "A100-40GB"),  # HBM2 at 1.555 TB/s: not the 80 GB's 2.039 TB/s
+    (("A100",), "A100-SXM"),
+)
 
 
 def identify_gpu(name: str) -> str | None:
-    """Map a CUDA device name to a hardware id of data/ ("H100-SXM", ...), or None when unknown.
+    """Map a CUDA device name to a hardware id ("H100-SXM", "H100-NVL", ...), or None when unknown.
 
-    PCIe/NVL variants map to their SXM sibling's id only when the name does not say PCIe.
-    """
+    A PCIe card (other than the NVL parts, which carry their own ids) is unknown: its clocks and memory differ from
+    the SXM module's. A name containing a known chip but no distinguishing word maps to the SXM module."""
     upper = name.upper()
-    if "PCIE" in upper:
-        return None
-    for pattern, hw_id in _GPU_NAME_PATTERNS:
-        if pattern in upper:
+    for words, hw_id in _GPU_NAME_RULES:
+        if all(w in upper for w in words):
+            if hw_id is not None and "PCIE" in upper and "NVL" not in hw_id:
+                return None
             return hw_id
     return None
 

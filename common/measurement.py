@@ -3,10 +3,14 @@ regression-rule references.
 
 `AsyncQueue` behaves like a CUDA stream: `launch(work)` returns at once and the work runs on a worker thread in order;
 `synchronize()` waits until everything launched has finished. Timing a launch without synchronising measures the
-launch, not the work -- the classic GPU timing bug, reproduced on a CPU.
+launch, not the work -- the classic GPU timing bug, reproduced on a CPU. `QueueEvent` is its
+`torch.cuda.Event(enable_timing=True)`: `record()` enqueues a time stamp, `elapsed_time(end)` reads milliseconds
+between two completed stamps (and refuses, like CUDA, before both have completed).
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import statistics
 import threading
@@ -40,6 +44,10 @@ class AsyncQueue:
         """Block until every launched piece of work has finished (like torch.cuda.synchronize)."""
         self._q.join()
 
+    def event(self) -> "QueueEvent":
+        """A timing event on this queue (like torch.cuda.Event(enable_timing=True) on the current stream)."""
+        return QueueEvent(self)
+
     def close(self) -> None:
         self.synchronize()
         self._q.put(None)
@@ -50,6 +58,45 @@ class AsyncQueue:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class QueueEvent:
+    """A time stamp taken when the queue reaches it: the CPU picture of a CUDA timing event."""
+
+    def __init__(self, q: AsyncQueue):
+        self._q = q
+        self._done = threading.Event()
+        self._t: float | None = None
+        self._recorded = False
+
+    def _stamp(self) -> None:
+        self._t = time.perf_counter()
+        self._done.set()
+
+    def record(self) -> None:
+        """Enqueue the stamp behind everything launched so far (returns at once, like Event.record())."""
+        self._done.clear()
+        self._t = None
+        self._recorded = True
+        self._q.launch(self._stamp)
+
+    def query(self) -> bool:
+        return self._done.is_set()
+
+    def synchronize(self) -> None:
+        """Wait until the queue has reached this event."""
+        if not self._recorded:
+            raise RuntimeError("this event was never recorded: call record() first")
+        self._done.wait()
+
+    def elapsed_time(self, end: "QueueEvent") -> float:
+        """Milliseconds from this event to `end`; both must be recorded and completed (synchronize first)."""
+        if not (self._recorded and end._recorded):
+            raise RuntimeError("both events must be recorded before calculating elapsed time")
+        if not (self.query() and end.query()):
+            raise RuntimeError("both events must be completed before calculating elapsed time: synchronize the "
+                               "queue (or end.synchronize()) first")
+        return (end._t - self._t) * 1e3
 
 
 def sleep_work(seconds: float) -> Callable[[], None]:
@@ -98,10 +145,14 @@ def is_regression(baseline: Sequence[float], candidate: Sequence[float], thresho
     return shift > threshold and shift > 3.0 * std_err
 
 
-def warm_vs_cold_bandwidth(nbytes: int, n_buffers: int, samples: int = 100, device: str | None = None) -> dict:
+def warm_vs_cold_bandwidth(nbytes: int, n_buffers: int, samples: int = 100, device: str | None = None,
+                           n_threads: int | None = 1) -> dict:
     """Read bandwidth (GB/s, median of interleaved samples) of summing an nbytes buffer two ways: "warm", the same
     buffer every call (it stays in cache), and "cold", a rotation over n_buffers distinct buffers (each call touches
-    memory the cache has evicted). Interleaving makes a busy machine slow both alike."""
+    memory the cache has evicted). Interleaving makes a busy machine slow both alike. On a GPU both are timed in
+    batches between CUDA events without an L2 flush (a read of an L2-resident buffer takes microseconds, less than
+    a host synchronisation, and a flush would empty the very cache being measured). On a CPU the sums run on
+    `n_threads` threads (one by default: the lesson is the cache, not the thread pool's hand-off cost)."""
     import torch
     from common.env import current
     dev = device or current().device
@@ -114,9 +165,15 @@ def warm_vs_cold_bandwidth(nbytes: int, n_buffers: int, samples: int = 100, devi
         state["i"] = (state["i"] + 1) % n_buffers
         bufs[state["i"]].sum()
 
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    runs = interleaved_samples({"warm": lambda: bufs[0].sum(), "cold": cold}, samples, sync)
     moved = (nbytes // 4) * 4
+    if dev == "cuda":
+        from common import timing
+        times = {name: timing.bench(fn, label=name, device="cuda", flush_l2=False, min_run_time=0.05).median_s
+                 for name, fn in (("warm", lambda: bufs[0].sum()), ("cold", cold))}
+        return {k: moved / v / 1e9 for k, v in times.items()}
+    from common.ceilings import threads
+    with threads(n_threads):
+        runs = interleaved_samples({"warm": lambda: bufs[0].sum(), "cold": cold}, samples)
     return {k: moved / statistics.median(v) / 1e9 for k, v in runs.items()}
 
 
@@ -135,3 +192,27 @@ def interleaved_samples(fns: dict, n: int, sync: Callable[[], None] = lambda: No
             sync()
             out[name].append(time.perf_counter() - start)
     return out
+
+
+@contextlib.contextmanager
+def native_stderr_captured():
+    """Capture what native code writes to file descriptor 2 (e.g. the profiler's `USDT ... profiler_start` lines,
+    which bypass sys.stderr) while the block runs; yields a list that receives the captured lines."""
+    import sys
+    import tempfile
+    lines: list[str] = []
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (an embedded interpreter): nothing to capture
+        yield lines
+        return
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(tmp.read().decode(errors="replace").splitlines())

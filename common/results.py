@@ -2,7 +2,12 @@
 
 `record("machine.copy_gbps", 12.3, "GB/s")` appends one JSON line {name, value, unit, lab, device, profile, ...} to
 the file named by WORKBOOK_RESULTS (the runner sets it per notebook), else to build/interactive/results.jsonl.
-`compare_with_baseline` checks a list of records against data/baselines/<device>.json within each entry's tolerance.
+`compare_with_baseline` checks a list of records against a baseline within each entry's tolerance.
+
+Two baselines, two jobs. Measured results (times, bandwidths) are compared only with a baseline of THIS machine,
+build/baselines/<fingerprint>.json (recorded by `python -m common baseline`, or automatically by the first run), so a
+new machine never reports a regression it did not cause. Deterministic results (a formula's output) are compared with
+the committed reference, data/baselines/<device>.json, on every machine. `baselines_for` merges the two.
 """
 from __future__ import annotations
 
@@ -87,6 +92,30 @@ def load_baseline(device_id: str, root: Path = REPO_ROOT / "data" / "baselines")
     return data.get("results", {})
 
 
+def machine_baseline_path(fingerprint: str | None = None) -> Path:
+    """build/baselines/<fingerprint>.json: this machine's own baseline (see common.ceilings.fingerprint)."""
+    from common.ceilings import fingerprint as fp
+    return REPO_ROOT / "build" / "baselines" / f"{fingerprint or fp()}.json"
+
+
+def load_machine_baseline(fingerprint: str | None = None) -> dict:
+    path = machine_baseline_path(fingerprint)
+    return json.loads(path.read_text()).get("results", {}) if path.exists() else {}
+
+
+def baselines_for(device_id: str, machine: dict, reference_root: Path = REPO_ROOT / "data" / "baselines") -> dict:
+    """The baseline to compare a run with: measured entries from this machine's own baseline only, deterministic
+    entries from the committed reference device (falling back to this machine's)."""
+    reference = {k: v for k, v in load_baseline(device_id, reference_root).items() if not _is_measured(v)}
+    own = dict(machine)
+    own.update(reference)
+    return own
+
+
+def _is_measured(entry: dict) -> bool:
+    return bool(entry.get("measured", "higher_is_better" in entry))
+
+
 def compare_with_baseline(records: list[dict], baseline: dict) -> list[dict]:
     """Each record with `baseline`, `ratio` and `status`: ok / regression / improved / drift / changed / new.
 
@@ -121,13 +150,16 @@ def compare_with_baseline(records: list[dict], baseline: dict) -> list[dict]:
     return out
 
 
-def make_baseline(records: list[dict], device_id: str, measured_tolerance: float, note: str = "") -> dict:
+def make_baseline(records: list[dict], device_id: str, measured_tolerance: float, note: str = "",
+                  deterministic_only: bool = False) -> dict:
     """A baseline file's content from ledger records: deterministic results get a tight tolerance (1e-4: enough for
     float sums that differ in the last bits between CPUs, far too tight for a changed formula), measured ones
     `measured_tolerance`."""
     results = {}
     for r in records:
         measured = r.get("measured", "higher_is_better" in r)
+        if measured and deterministic_only:
+            continue
         entry = {"value": r["value"], "unit": r["unit"], "tolerance": measured_tolerance if measured else DETERMINISTIC_TOLERANCE,
                  "measured": measured}
         if "higher_is_better" in r:

@@ -277,12 +277,14 @@ def _num(v: float) -> str:
 
 
 def plot(ceilings: Iterable[Roof], points: Iterable = (), ax=None, title: str | None = None,
-         xlim: tuple[float, float] | None = None, ylim: tuple[float, float] | None = None, legend: bool = True):
+         xlim: tuple[float, float] | None = None, ylim: tuple[float, float] | None = None, legend: bool = True,
+         place_on: Roof | None = None):
     """Draw roofs (dashed: datasheet, solid: measured) and labelled kernel points on log-log axes; return the axes.
 
     ceilings: Roof objects. points: Point objects, dicts or tuples (label, intensity[, achieved FLOP/s]); a point
-    without an achieved rate is drawn hollow on the highest roof at its intensity (a prediction). Pass `ax` to draw
-    into a subplot.
+    without an achieved rate is drawn hollow at its intensity on `place_on` (the roof of its dtype; default: the
+    highest roof drawn), a prediction. Labels of points close together are stacked so they do not overlap. Pass `ax`
+    to draw into a subplot.
     """
     import numpy as np
     from common import plots
@@ -313,12 +315,23 @@ def plot(ceilings: Iterable[Roof], points: Iterable = (), ax=None, title: str | 
                 label=f"{r.name}: {_num(r.peak_flops / scale)} {unit}, {_num(r.bandwidth / 1e9)} GB/s, "
                       f"ridge {_num(r.ridge)} FLOP/B")
         ax.plot([r.ridge], [r.peak_flops / scale], "o", color=colors[i % len(colors)], ms=4)
-    for j, p in enumerate(pts):
-        y = p.flops_per_s if p.flops_per_s is not None else max(r.attainable(p.intensity) for r in roofs)
+    if place_on is not None and not isinstance(place_on, Roof):
+        raise ValueError(f"place_on must be a Roof (the roof predictions sit on), got {type(place_on).__name__}")
+    placed = []
+    for p in pts:
+        if p.flops_per_s is not None:
+            y = p.flops_per_s
+        elif place_on is not None:
+            y = float(place_on.attainable(p.intensity))
+        else:
+            y = max(r.attainable(p.intensity) for r in roofs)
         hollow = p.flops_per_s is None
         ax.plot([p.intensity], [y / scale], "D" if not hollow else "o", ms=7, color="black",
                 mfc="none" if hollow else "black")
-        ax.annotate(p.label, (p.intensity, y / scale), textcoords="offset points", xytext=(6, -10 if j % 2 else 6),
+        near = sum(1 for (px, py) in placed if abs(math.log10(px / p.intensity)) < 0.35
+                   and abs(math.log10(py / y)) < 0.35)
+        placed.append((p.intensity, y))
+        ax.annotate(p.label, (p.intensity, y / scale), textcoords="offset points", xytext=(6, 6 - 11 * near),
                     fontsize=8)
     ax.set_xlim(lo, hi)
     if ylim:

@@ -2,7 +2,9 @@
 
 `python -m common run --profile quick --labs "02 04"` executes the chosen solutions and their unsolved labs into
 build/executed/, gathers build/results.jsonl and writes build/report.md with per-notebook status, wall time, key
-results and their comparison with data/baselines/<device>.json. It writes nothing outside build/ (and temp folders).
+results and their comparison with the baselines: measured results against this machine's own baseline
+(build/baselines/<fingerprint>.json, recorded automatically by the first run), deterministic ones against the committed
+reference, data/baselines/<device>.json. It writes nothing outside build/ (and temp folders).
 """
 from __future__ import annotations
 
@@ -111,7 +113,27 @@ def run_all(profile: str = "auto", labs: str | None = None, kinds=KINDS, build: 
     return write_report(runs, profile, build, strict)
 
 
-def write_report(runs: list[Run], profile: str, build: Path, strict: bool = False) -> int:
+MEASURED_TOLERANCE = 0.5  # relative: a shared 2-core machine's run-to-run noise, see README "Reading the report"
+
+
+def write_machine_baseline(records: list[dict], path: Path, tolerance: float = MEASURED_TOLERANCE,
+                           note: str = "") -> Path:
+    """This machine's baseline from a run's records (all devices in one file, keyed by name)."""
+    by_device: dict[str, list] = {}
+    for r in records:
+        by_device.setdefault(r["device"], []).append(r)
+    data = {"results": {}}
+    for device, recs in by_device.items():
+        made = results.make_baseline(recs, device, tolerance, note)
+        data.update(device=device, note=made["note"])
+        data["results"].update(made["results"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def write_report(runs: list[Run], profile: str, build: Path, strict: bool = False,
+                 machine_baseline: Path | None = None) -> int:
     records = [r for run in runs if run.kind == "solutions" for r in run.records]
     build.mkdir(parents=True, exist_ok=True)
     with (build / "results.jsonl").open("w") as f:
@@ -120,10 +142,15 @@ def write_report(runs: list[Run], profile: str, build: Path, strict: bool = Fals
     by_device: dict[str, list] = {}
     for r in records:
         by_device.setdefault(r["device"], []).append(r)
+    if machine_baseline is None:
+        from common.ceilings import fingerprint
+        machine_baseline = build / "baselines" / f"{fingerprint()}.json"
+    own = json.loads(machine_baseline.read_text()).get("results", {}) if machine_baseline.exists() else {}
     compared = {}
     for device, recs in by_device.items():
-        for row in results.compare_with_baseline(recs, results.load_baseline(device)):
+        for row in results.compare_with_baseline(recs, results.baselines_for(device, own)):
             compared[(row["lab"], row["name"])] = row
+    first_run = not machine_baseline.exists() and bool(records) and not failures_in(runs)
     resolved = sorted({r["profile"] for r in records}) or [profile]
     lines = ["# Workbook run report", "", f"PROFILE={profile} (ran as {', '.join(resolved)}). "
              f"Devices: {', '.join(sorted(by_device)) or '-'}.",
@@ -154,12 +181,20 @@ def write_report(runs: list[Run], profile: str, build: Path, strict: bool = Fals
     regressions = [r for r in compared.values() if r["status"] == "regression"]
     lines += ["", f"Notebooks: {len(runs) - len(failures)} ok, {len(failures)} failed. Results: {len(records)}, "
               f"{len(regressions)} performance regressions, {len(changed)} deterministic results changed."]
+    if first_run:
+        write_machine_baseline(records, machine_baseline, note=f"recorded automatically by the first run, {profile}")
+        lines += ["", f"This machine had no baseline: this run's results are now its baseline "
+                  f"({machine_baseline.name}); measured results are compared with it from the next run on."]
     (build / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[-1:]))
     print(f"Report: {build / 'report.md'}; ledger: {build / 'results.jsonl'}")
     for r in regressions + changed:
         print(f"  {r['status'].upper()}: {r['name']} = {r['value']:.6g} {r['unit']} (baseline {r['baseline']:.6g})")
     return 1 if failures or changed or (strict and regressions) else 0
+
+
+def failures_in(runs: list[Run]) -> bool:
+    return any(run.status != "ok" for run in runs)
 
 
 def refresh_solutions(names: list[str], timeout: int = 900) -> None:

@@ -1,8 +1,11 @@
 """Timing that is right by default: warm-up, device synchronisation, repeats to a minimum time, median and spread.
 
 `bench(fn, *args)` is the one entry point. On a CPU it stands on `torch.utils.benchmark.Timer.blocked_autorange`
-(with all of torch's threads, not the Timer's default of one); on a GPU on `triton.testing.do_bench`, which uses
-CUDA events and flushes the L2 cache between repeats. `compare([...])` turns timings into a pandas table.
+(with torch's current thread count, not the Timer's default of one), and keeps at least `min_blocks` timed blocks
+(within a time cap) so a spread is real, not the IQR of one block. On a GPU it stands on `triton.testing.do_bench` (CUDA events,
+L2 flushed between repeats); with `flush_l2=False` it times batches of back-to-back calls between two CUDA events
+instead, so a call shorter than a host synchronisation (a 2.5 us read of an L2-resident buffer) is still timed right.
+`compare([...])` turns timings into a pandas table.
 """
 from __future__ import annotations
 
@@ -66,17 +69,22 @@ def _device_of(device: str | None) -> str:
 
 
 def bench(fn: Callable, *args, label: str | None = None, device: str | None = None, min_run_time: float = 0.2,
-          warmup: int = 1, flush_l2: bool = True, **kwargs) -> Timing:
+          warmup: int = 1, flush_l2: bool = True, min_blocks: int = 3, **kwargs) -> Timing:
     """Time `fn(*args, **kwargs)`; return a `Timing` (seconds per call).
 
     - warm-up calls first (first-call costs: allocation, compilation, caches);
-    - CPU: `torch.utils.benchmark` blocks of calls until `min_run_time` seconds, using all torch threads;
-    - GPU: `triton.testing.do_bench` (CUDA events, synchronised, L2 flushed unless `flush_l2=False`).
+    - CPU: `torch.utils.benchmark` blocks of calls until `min_run_time` seconds and at least `min_blocks` blocks
+      (the extra blocks capped at max(1 s, 4 x min_run_time), so a very slow call is not repeated for minutes), with
+      torch's current thread count (see `common.ceilings.threads`);
+    - GPU: `triton.testing.do_bench` (CUDA events, synchronised, L2 flushed); `flush_l2=False`: batches of calls
+      between CUDA events (the cache stays warm, as the data would in a fused or repeated kernel).
     """
     if min_run_time <= 0:
         raise ValueError(f"min_run_time={min_run_time!r} must be > 0 seconds")
     if warmup < 0:
         raise ValueError(f"warmup={warmup!r} must be >= 0")
+    if not isinstance(min_blocks, int) or min_blocks < 1:
+        raise ValueError(f"min_blocks={min_blocks!r} must be an int >= 1")
     dev = _device_of(device)
     label = label or getattr(fn, "__name__", "fn")
     call = (lambda: fn(*args, **kwargs)) if (args or kwargs) else fn
@@ -84,29 +92,35 @@ def bench(fn: Callable, *args, label: str | None = None, device: str | None = No
         call()
     if dev == "cuda":
         return _bench_cuda(call, label, min_run_time, flush_l2)
-    return _bench_cpu(call, label, min_run_time)
+    return _bench_cpu(call, label, min_run_time, min_blocks)
 
 
-def _bench_cpu(call: Callable, label: str, min_run_time: float) -> Timing:
+def _bench_cpu(call: Callable, label: str, min_run_time: float, min_blocks: int = 3) -> Timing:
     import torch
     from torch.utils import benchmark
     timer = benchmark.Timer(stmt="call()", globals={"call": call}, num_threads=torch.get_num_threads(),
                             label=label)
     m = timer.blocked_autorange(min_run_time=min_run_time)
     times = list(m.times)
-    return Timing(label=label, median_s=m.median, iqr_s=_iqr(times), times=times, device="cpu")
+    budget = max(1.0, 4 * min_run_time)
+    while len(times) < min_blocks and budget > 0:  # a slow call fills min_run_time in one block: time more blocks
+        extra = timer.timeit(m.number_per_run).times
+        times.extend(extra)
+        budget -= extra[0] * m.number_per_run
+    return Timing(label=label, median_s=statistics.median(times), iqr_s=_iqr(times), times=times, device="cpu")
 
 
 def _bench_cuda(call: Callable, label: str, min_run_time: float, flush_l2: bool) -> Timing:
     import torch
     rep_ms = max(min_run_time * 1e3, 25.0)
-    try:
-        from triton.testing import do_bench
-        times_ms = do_bench(call, warmup=25, rep=rep_ms, return_mode="all") if flush_l2 else None
-    except Exception:  # older triton without return_mode="all": fall back to our own event loop
-        times_ms = None
-    if times_ms is None:
-        times_ms = _cuda_event_times(call, rep_ms, flush_l2, torch)
+    if not flush_l2:
+        times_ms = _cuda_batched_times(call, rep_ms, torch)
+    else:
+        try:
+            from triton.testing import do_bench
+            times_ms = do_bench(call, warmup=25, rep=rep_ms, return_mode="all")
+        except Exception:  # older triton without return_mode="all": fall back to our own event loop
+            times_ms = _cuda_event_times(call, rep_ms, flush_l2, torch)
     times = [t * 1e-3 for t in times_ms]
     return Timing(label=label, median_s=statistics.median(times), iqr_s=_iqr(times), times=times, device="cuda")
 
@@ -126,6 +140,26 @@ def _cuda_event_times(call: Callable, rep_ms: float, flush_l2: bool, torch) -> l
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
         budget += times[-1]
+    return times
+
+
+def _cuda_batched_times(call: Callable, rep_ms: float, torch, batch_ms: float = 1.0, blocks: int = 10) -> list:
+    """Per-call milliseconds from `blocks` batches of back-to-back calls, each batch between two CUDA events and
+    long enough (>= batch_ms) that event and launch overheads vanish in it. No cache flush."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(); call(); end.record(); end.synchronize()
+    per_call = max(start.elapsed_time(end), 1e-4)
+    n = max(1, int(batch_ms / per_call))
+    blocks = max(blocks, int(rep_ms / max(n * per_call, 1e-3)) // 4)
+    times = []
+    for _ in range(min(blocks, 200)):
+        start.record()
+        for _ in range(n):
+            call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / n)
     return times
 
 

@@ -52,7 +52,7 @@ def test_time_fn_right():
 
 
 @pytest.mark.parametrize("wrong,match", [(no_sync_timer, "timed the launch, not the work"),
-                                         (no_warmup_timer, "3 warm-up calls"),
+                                         (no_warmup_timer, r"warmup=3 \+ repeats=20 = 23"),
                                          (mean_timer, "report the median")])
 def test_time_fn_wrong(wrong, match):
     with pytest.raises(CheckFailed, match=match):
@@ -66,7 +66,8 @@ def test_time_fn_stub():
 
 
 def test_is_regression_right():
-    assert check_is_regression(reference_rule).passed
+    assert check_is_regression(inline_rule).passed
+    assert check_is_regression(lambda b, c: reference_rule(b, c)).passed  # a wrapper is not caught: the text says so
 
 
 def mean_any_slower(base, cand):
@@ -86,7 +87,7 @@ def two_sided(base, cand):
 
 
 @pytest.mark.parametrize("wrong,match", [(mean_any_slower, "cried regression"), (mean_ten_percent, "cried regression"),
-                                         (strict_fifty_percent, "flagged in only"), (two_sided, "SPEED-UP")])
+                                         (strict_fifty_percent, "flagged in only|noiseless 30% slowdown"), (two_sided, "SPEED-UP|speed-up")])
 def test_is_regression_wrong(wrong, match):
     with pytest.raises(CheckFailed, match=match):
         check_is_regression(wrong)
@@ -96,3 +97,125 @@ def test_is_regression_stub():
     def stub(base, cand):
         raise NotImplementedError
     assert check_is_regression(stub).status == "not attempted"
+
+
+def hardcoded_counts_timer(fn, sync, warmup, repeats):
+    return right_timer(fn, sync, 3, 20)
+
+
+def milliseconds_timer(fn, sync, warmup, repeats):
+    return 1e3 * right_timer(fn, sync, warmup, repeats)
+
+
+def test_time_fn_parameters_varied():
+    """Class 2: hard-coded warm-up/repeat counts fail; class 5: returning ms is named as such."""
+    with pytest.raises(CheckFailed, match=r"warmup=5 \+ repeats=11"):
+        check_time_fn(hardcoded_counts_timer)
+    with pytest.raises(CheckFailed, match="that is milliseconds"):
+        check_time_fn(milliseconds_timer)
+
+
+def test_time_fn_crash_names_the_call():
+    def crash(fn, sync, warmup, repeats):
+        assert repeats > 100, "too few repeats"
+    with pytest.raises(CheckFailed, match=r"time_fn\(fn, sync, warmup=3, repeats=20\) should return the median seconds "
+                                          r"per call; your code raised AssertionError: too few repeats"):
+        check_time_fn(crash)
+    with pytest.raises(CheckFailed, match="returned NoneType|returned None"):
+        check_time_fn(lambda fn, sync, w, r: None)
+
+
+def right_event_timer(fn, make_event, sync, warmup, repeats):
+    for _ in range(warmup):
+        fn()
+    sync()
+    pairs = []
+    for _ in range(repeats):
+        start, end = make_event(), make_event()
+        start.record()
+        fn()
+        end.record()
+        pairs.append((start, end))
+    sync()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
+
+
+def test_event_time_right():
+    from common.exercises.lab01 import check_event_time
+    assert check_event_time(right_event_timer).passed
+
+
+def test_event_time_wrong():
+    from common.exercises.lab01 import check_event_time
+
+    def no_sync(fn, make_event, sync, warmup, repeats):
+        for _ in range(warmup):
+            fn()
+        out = []
+        for _ in range(repeats):
+            s, e = make_event(), make_event()
+            s.record(); fn(); e.record()
+            out.append(s.elapsed_time(e))
+        return statistics.median(out) / 1e3
+
+    def in_ms(*args):
+        return 1e3 * right_event_timer(*args)
+
+    def one_pair(fn, make_event, sync, warmup, repeats):
+        for _ in range(warmup):
+            fn()
+        sync()
+        s, e = make_event(), make_event()
+        s.record()
+        for _ in range(repeats):
+            fn()
+        e.record()
+        sync()
+        return s.elapsed_time(e) / 1e3 / repeats
+
+    def stopwatch(fn, make_event, sync, warmup, repeats):
+        return right_timer(fn, sync, warmup, repeats)
+
+    for wrong, match in ((no_sync, "before the events had completed"), (in_ms, "that is milliseconds"),
+                         (one_pair, "around EACH call"), (stopwatch, "no event was recorded")):
+        with pytest.raises(CheckFailed, match=match):
+            check_event_time(wrong)
+
+
+def test_is_regression_edge_cases_and_sample_counts():
+    """Class 4: zero spread; class 2: a rule tuned to 15 samples fails at 7; failures print the seed."""
+    def zero_spread_crash(base, cand):
+        import statistics as st
+        return st.median(cand) / st.median(base) - 1 > 0.1 and (st.median(cand) - st.median(base)) / st.stdev(base) > 3
+
+    with pytest.raises(CheckFailed, match="ZeroDivisionError|noiseless"):
+        check_is_regression(zero_spread_crash)
+
+    def needs_fifteen(base, cand):
+        return len(base) >= 15 and reference_rule(base, cand)
+    with pytest.raises(CheckFailed, match=r"runs of 7 samples.*seed \d+"):
+        check_is_regression(needs_fifteen)
+
+    with pytest.raises(CheckFailed, match="expected True or False"):
+        check_is_regression(lambda b, c: "yes")
+
+
+def test_event_time_stub():
+    from common.exercises.lab01 import check_event_time
+
+    def stub(fn, make_event, sync, warmup, repeats):
+        raise NotImplementedError("Exercise 1.3")
+    assert check_event_time(stub).status == "not attempted"
+
+
+def test_is_regression_reference_itself_is_caught():
+    with pytest.raises(CheckFailed, match="the workbook's reference answer"):
+        check_is_regression(reference_rule)
+
+
+def inline_rule(baseline_times, candidate_times):
+    import numpy as np
+    base, cand = np.median(baseline_times), np.median(candidate_times)
+    shift = cand / base - 1.0
+    spread = 1.4826 * np.median(np.abs(np.asarray(baseline_times) - base)) / base
+    return bool(shift > 0.10 and shift > 3.0 * spread * (2.0 / len(baseline_times)) ** 0.5)

@@ -37,7 +37,7 @@ def test_vector_add_cost():
 # 2.2 -----------------------------------------------------------------------------------------------------------
 def test_gemm_cost():
     assert lab02.check_gemm_cost(lambda m, n, k, d: (2 * m * n * k, (m * k + k * n + m * n) * B[d])).passed
-    assert lab02.check_gemm_cost(lambda m, n, k, d: rl.gemm_cost(m, n, k, d)).passed  # a Cost unpacks too
+    assert lab02.check_gemm_cost(lambda m, n, k, d: rl.Cost(2 * m * n * k, (m * k + k * n + m * n) * B[d])).passed
     with pytest.raises(CheckFailed, match="each is 2 FLOPs"):
         lab02.check_gemm_cost(lambda m, n, k, d: (m * n * k, (m * k + k * n + m * n) * B[d]))
     with pytest.raises(CheckFailed, match="miss writing C"):
@@ -158,3 +158,82 @@ def test_critical_batch():
     with pytest.raises(CheckFailed, match="expected"):
         lab02.check_critical_batch(lambda g, d, k, n: _critical(g, d, k, n) + 7)
     _not_attempted(lab02.check_critical_batch)
+
+
+# issue 12 classes ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("check,fn", [
+    (lab02.check_vector_add_cost, lambda T: lambda n, d: (n, 3 * n * T[d])),
+    (lab02.check_gemm_cost, lambda T: lambda m, n, k, d: (2 * m * n * k, (m * k + k * n + m * n) * T[d])),
+    (lab02.check_softmax_cost, lambda T: lambda r, c, d: (5 * r * c, 2 * r * c * T[d])),
+    (lab02.check_layernorm_cost, lambda T: lambda r, c, d: (8 * r * c, (2 * r * c + 2 * c) * T[d])),
+    (lab02.check_attention_cost, lambda T: lambda b, h, s, hd, d: (
+        b * h * (4 * s * s * hd + 5 * s * s), b * h * (4 * s * hd + 4 * s * s) * T[d])),
+])
+@pytest.mark.parametrize("dtype", ["fp8", "fp64"])
+def test_wrong_byte_size_fails_every_call(check, fn, dtype):
+    """Class 1: a wrong size for any one dtype fails on every call (fixed cases), and the verdict names it."""
+    table = dict(B, **{dtype: 2})
+    for _ in range(3):
+        with pytest.raises(CheckFailed, match=f"{dtype}.*use 2 bytes per element; {dtype} has {B[dtype]}"):
+            check(fn(table))
+
+
+def test_gemm_dimension_mixup_named():
+    """Classes 2 and 5: asymmetric shapes expose a dimension used twice; the seed is printed."""
+    with pytest.raises(CheckFailed, match=r"one dimension is used twice.*seed \d+"):
+        lab02.check_gemm_cost(lambda m, n, k, d: (2 * m * n * n, (m * k + k * n + m * n) * B[d]))
+
+
+def test_learner_crash_names_the_call():
+    """Class 6."""
+    with pytest.raises(CheckFailed, match=r"gemm_cost\(3, 5, 7, 'fp32'\) should return a pair \(flops, bytes\); "
+                                          r"your code raised KeyError"):
+        lab02.check_gemm_cost(lambda m, n, k, d: (2 * m * n * k, {"bf16": 2}[d]))
+    with pytest.raises(CheckFailed, match=r"ridge\('H100-SXM', 'bf16'\) returned str"):
+        lab02.check_ridge(lambda g, d: "295")
+
+
+def _own_ridge(g, d):
+    return hardware.peak_tflops(g, d) / hardware.gpu(g).hbm_bandwidth_tbs
+
+
+def _crit(g, d, k, n, nbytes):
+    target, batch = _own_ridge(g, d), 1
+    while 2 * batch * k * n / (nbytes * (batch * k + k * n + batch * n)) < target:
+        batch += 1
+    return batch
+
+
+def test_ridge_aliases_named():
+    """Class 5: H100 bf16 with the sparse rate equals the fp8 dense ridge: both are named; a wrong dtype is named."""
+    with pytest.raises(CheckFailed, match="sparse .*or it uses the fp8 rate"):
+        lab02.check_ridge(lambda g, d: 2 * _own_ridge(g, d) if hardware.gpu(g).tflops[d]["sparse"] else _own_ridge(g, d))
+    with pytest.raises(CheckFailed, match="that is the bf16 ridge"):
+        lab02.check_ridge(lambda g, d: _own_ridge(g, "bf16" if "bf16" in hardware.supported_dtypes(g) else d))
+
+
+def test_critical_batch_fixed_fp8_case():
+    """Class 1: a byte size of 2 for every dtype fails on every call (an fp8 case is fixed)."""
+    def bf16_bytes(g, d, k, n):
+        return _crit(g, d, k, n, 2)
+    for _ in range(3):
+        with pytest.raises(CheckFailed, match="counts 2 bytes per element; fp8 has 1"):
+            lab02.check_critical_batch(bf16_bytes)
+    assert lab02.check_critical_batch(lambda g, d, k, n: float(_crit(g, d, k, n, B[d]))).passed
+
+
+def test_attainable_divided():
+    with pytest.raises(CheckFailed, match="you divided"):
+        lab02.check_attainable(lambda x, p, b: min(p, x / b))
+
+
+def test_calling_the_reference_is_caught():
+    """Issue 12: where the exercise is to write it, calling common's reference is named."""
+    with pytest.raises(CheckFailed, match="calls common.roofline.gemm_cost, the workbook's reference"):
+        lab02.check_gemm_cost(lambda m, n, k, d: tuple(rl.gemm_cost(m, n, k, d)))
+    with pytest.raises(CheckFailed, match="calls common.hardware.ridge_point"):
+        lab02.check_ridge(lambda g, d: hardware.ridge_point(g, d))
+    with pytest.raises(CheckFailed, match="calls common.roofline.critical_batch"):
+        lab02.check_critical_batch(lambda g, d, k, n: rl.Roof.datasheet(g, d).critical_batch(k, n, d))
+    with pytest.raises(CheckFailed, match="calls common.roofline.attainable"):
+        lab02.check_attainable(lambda x, p, b: rl.attainable(x, p, b))

@@ -63,3 +63,24 @@ def test_make_baseline_roundtrip():
     b = results.make_baseline(recs, "cpu", 0.3)
     assert b["results"]["m.x"]["tolerance"] == 0.3 and b["results"]["m.y"]["tolerance"] == results.DETERMINISTIC_TOLERANCE
     assert all(r["status"] == "ok" for r in results.compare_with_baseline(recs, b["results"]))
+
+
+def test_measured_results_compare_only_with_this_machines_baseline(tmp_path):
+    """The committed reference's measured entries never judge another machine; its deterministic ones always do."""
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    (ref / "cpu.json").write_text(json.dumps({"results": {
+        "a.speed": {"value": 100.0, "tolerance": 0.1, "measured": True, "higher_is_better": True},
+        "a.formula": {"value": 3.0, "tolerance": 1e-4, "measured": False}}}))
+    recs = [{"name": "a.speed", "value": 10.0}, {"name": "a.formula", "value": 4.0}]
+    fresh = {r["name"]: r["status"] for r in results.compare_with_baseline(recs, results.baselines_for("cpu", {}, ref))}
+    assert fresh == {"a.speed": "new", "a.formula": "changed"}
+    own = {"a.speed": {"value": 20.0, "tolerance": 0.1, "measured": True, "higher_is_better": True}}
+    mine = {r["name"]: r["status"] for r in results.compare_with_baseline(recs, results.baselines_for("cpu", own, ref))}
+    assert mine["a.speed"] == "regression"
+
+
+def test_deterministic_only_reference():
+    recs = [{"name": "a.t", "value": 1.0, "unit": "s", "measured": True, "higher_is_better": False},
+            {"name": "a.f", "value": 2.0, "unit": "x", "measured": False}]
+    assert list(results.make_baseline(recs, "cpu", 0.5, deterministic_only=True)["results"]) == ["a.f"]

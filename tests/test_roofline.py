@@ -115,3 +115,28 @@ def test_point_and_plot():
     plt.close(fig)
     with pytest.raises(ValueError, match="not a Point"):
         rl.plot(roofs, ["gemm"])
+
+
+def test_prediction_placed_on_the_chosen_roof_not_the_highest():
+    """Issue 18 #3: a bf16 decode point on a GPU with fp4 roofs sits on the bf16 roof."""
+    import matplotlib
+    matplotlib.use("Agg")
+    roofs = rl.gpu_roofs("B200")
+    bf16 = rl.Roof.datasheet("B200", "bf16")
+    cost = rl.gemm_cost(873, 8192, 8192, "bf16")
+    ax = rl.plot(roofs, [("decode", cost.intensity)], place_on=bf16)
+    marker = [ln for ln in ax.lines if ln.get_marker() == "o" and ln.get_mfc() == "none"][0]
+    scale, _ = rl._unit(max(r.peak_flops for r in roofs))
+    assert marker.get_ydata()[0] * scale == pytest.approx(bf16.attainable(cost.intensity))
+    assert marker.get_ydata()[0] * scale < max(r.attainable(cost.intensity) for r in roofs)
+    with pytest.raises(ValueError, match="place_on must be a Roof"):
+        rl.plot(roofs, [("decode", 1.0)], place_on="bf16")
+
+
+def test_close_labels_do_not_overlap():
+    """Issue 18 #7: labels of points close together get different offsets."""
+    import matplotlib
+    matplotlib.use("Agg")
+    ax = rl.plot([rl.Roof("m", 1e11, 2e10, kind="measured")], [("a", 0.1, 1e9), ("b", 0.11, 1.05e9), ("c", 100, 5e10)])
+    offsets = [t.xyann for t in ax.texts]
+    assert offsets[0] != offsets[1] and offsets[2] == offsets[0]

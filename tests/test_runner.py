@@ -67,3 +67,16 @@ def test_wrong_answer_in_a_notebook_shows_the_verdict_not_a_traceback(tmp_path):
     assert err["ename"] == "CheckFailed"
     assert err["traceback"] == [f"FAIL {err['evalue']}"]
     assert "each is 2 FLOPs" in err["evalue"]
+
+
+def test_fresh_machine_records_its_baseline_and_strict_passes(tmp_path):
+    """A machine without a baseline reports no regression (strict passes), records one, and the next run uses it."""
+    def run_with(value):
+        rec = {"name": "demo.speed", "value": value, "unit": "GB/s", "lab": "97_demo", "device": "cpu",
+               "device_name": "x", "profile": "quick", "measured": True, "higher_is_better": True}
+        return runner.Run("solutions", "97_demo.ipynb", status="ok", records=[rec])
+    own = tmp_path / "build" / "baselines" / "cpu-test.json"
+    assert runner.write_report([run_with(1.0)], "quick", tmp_path / "build", strict=True, machine_baseline=own) == 0
+    assert own.exists() and "no baseline" in (tmp_path / "build" / "report.md").read_text()
+    assert runner.write_report([run_with(0.1)], "quick", tmp_path / "build", strict=True, machine_baseline=own) == 1
+    assert runner.write_report([run_with(0.9)], "quick", tmp_path / "build", strict=True, machine_baseline=own) == 0

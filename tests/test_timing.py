@@ -44,3 +44,12 @@ def test_format_seconds():
     assert timing.format_seconds(2.0) == "2 s"
     assert timing.format_seconds(0.0015) == "1.5 ms"
     assert timing.format_seconds(3e-8) == "30 ns"
+
+
+def test_slow_calls_still_get_several_blocks():
+    """A call longer than min_run_time is timed in several blocks (a real IQR, not 0 from one block)."""
+    import time
+    t = timing.bench(lambda: time.sleep(0.03), device="cpu", min_run_time=0.01, min_blocks=4)
+    assert len(t.times) >= 4 and t.iqr_s >= 0
+    with pytest.raises(ValueError, match="min_blocks=0"):
+        timing.bench(lambda: None, device="cpu", min_blocks=0)

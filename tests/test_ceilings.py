@@ -1,0 +1,93 @@
+"""Ceilings, cache sizes, thread control and the machine profile (measured once, saved, reused)."""
+import pytest
+import torch
+
+from common import ceilings
+
+
+def test_cache_sizes_from_sys(tmp_path):
+    for i, (level, kind, size) in enumerate([(1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"),
+                                             (3, "Unified", "32768K")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n"), (d / "type").write_text(kind + "\n"), (d / "size").write_text(size)
+    caches = ceilings.cache_sizes(str(tmp_path))
+    assert caches == {"L1": 32 * 2**10, "L2": 2**20, "L3": 32 * 2**20}
+    sizes = ceilings.hierarchy_sizes(caches)
+    assert sizes["L1"] * 2 <= caches["L1"] and sizes["L2"] * 2 <= caches["L2"]
+    assert sizes["DRAM"] >= 4 * caches["L3"], "the DRAM point must be past the last-level cache"
+
+
+def test_dram_buffer_past_a_huge_llc():
+    """A 480 MiB L3 (the machine of the issue) must not hold the DRAM buffer."""
+    assert ceilings.dram_buffer_bytes({"L3": 480 * 2**20}) >= 4 * 480 * 2**20 or \
+        ceilings.dram_buffer_bytes({"L3": 480 * 2**20}) >= 2**30
+
+
+def test_threads_restores_and_validates():
+    before = torch.get_num_threads()
+    with ceilings.threads(1) as n:
+        assert n == 1 and torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(ValueError, match="threads="):
+            with ceilings.threads(bad):
+                pass
+
+
+def test_sweep_is_single_threaded_and_says_so():
+    c = ceilings.bandwidth_sweep([2**16], device="cpu", min_run_time=0.01)[0]
+    assert "1 thread" in c.detail and c.value > 0.1
+    assert len(c.timing.times) >= 3
+
+
+def test_bad_arguments_name_the_parameter():
+    with pytest.raises(ValueError, match="nbytes=100"):
+        ceilings.measure_copy_bandwidth(100, device="cpu")
+    with pytest.raises(ValueError, match="n=8"):
+        ceilings.measure_matmul_rate(8, device="cpu")
+    with pytest.raises(ValueError, match="device='gpu'"):
+        ceilings.measure_copy_bandwidth(2**20, device="gpu")
+
+
+def test_machine_profile_measured_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(ceilings, "MACHINE_DIR", tmp_path)
+    monkeypatch.setattr(ceilings, "_cached", {})
+    monkeypatch.setattr(ceilings, "dram_buffer_bytes", lambda caches=None, device="cpu": 2**22)
+    calls = []
+    real = ceilings.measure_copy_bandwidth
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    monkeypatch.setattr(ceilings, "measure_copy_bandwidth", counting)
+    per_measure = len({1, torch.get_num_threads()})  # one thread and all threads, the better kept
+    p1 = ceilings.machine_profile(min_run_time=0.01)
+    assert len(calls) == per_measure and (tmp_path / f"{p1.fingerprint}.json").exists()
+    monkeypatch.setattr(ceilings, "_cached", {})  # a new process: read from disk, measure nothing
+    p2 = ceilings.machine_profile()
+    assert len(calls) == per_measure
+    assert p2.copy.value == p1.copy.value and p2.matmul.value == p1.matmul.value and p2.threads == p1.threads
+    assert p2.roof().ridge == pytest.approx(p1.matmul.value / p1.copy.value)
+    ceilings.machine_profile(refresh=True, min_run_time=0.01)
+    assert len(calls) == 2 * per_measure
+    assert "copy bandwidth" in p2.summary() and "thread" in p2.summary()
+
+
+def test_fingerprint_is_stable():
+    assert ceilings.fingerprint() == ceilings.fingerprint()
+    assert ceilings.fingerprint().startswith("cpu-")
+
+
+def test_keep_best_never_lowers_a_ceiling(tmp_path, monkeypatch):
+    monkeypatch.setattr(ceilings, "MACHINE_DIR", tmp_path)
+    monkeypatch.setattr(ceilings, "_cached", {})
+    monkeypatch.setattr(ceilings, "dram_buffer_bytes", lambda caches=None, device="cpu": 2**22)
+    first = ceilings.machine_profile(min_run_time=0.01)
+    first.copy.value *= 100  # pretend a quiet machine once measured far more
+    import json
+    ceilings.profile_path(first.fingerprint).write_text(json.dumps(first.to_json()))
+    again = ceilings.machine_profile(refresh=True, keep_best=True, min_run_time=0.01)
+    assert again.copy.value == first.copy.value
+    reset = ceilings.machine_profile(refresh=True, min_run_time=0.01)
+    assert reset.copy.value < first.copy.value
