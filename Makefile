@@ -65,9 +65,12 @@ refresh: $(VENV)/.installed
 	$(PY) -m common refresh --labs "$(LABS)"
 	$(PY) -m common labs --labs "$(LABS)"
 
-# Maintainer: record this device's results from build/results.jsonl as data/baselines/<device>.json.
+# Record this machine's results from build/results.jsonl as its own baseline, build/baselines/<fingerprint>.json
+# (the first `make run` does this by itself). Maintainers: REFERENCE=1 writes the committed
+# data/baselines/<device>.json instead (deterministic results only; they are judged on every machine).
+REFERENCE ?=
 baseline: $(VENV)/.installed
-	$(PY) -m common baseline
+	$(PY) -m common baseline $(if $(REFERENCE),--reference)
 
 # On a GPU machine: the kernels' notebooks at full size, and the benchmarks, results under $${OUT:-build/gpu}.
 gpu-check: $(VENV)/.installed

@@ -14,8 +14,8 @@ def section_times(path: Path) -> list[tuple[str, float]]:
     sections: list[list] = [["(set-up)", 0.0]]
     for cell in nb["cells"]:
         src = "".join(cell["source"])
-        if cell["cell_type"] == "markdown" and src.startswith("## "):
-            sections.append([src.splitlines()[0][3:].strip(), 0.0])
+        if cell["cell_type"] == "markdown":  # a heading may sit anywhere in a cell, after the last takeaway
+            sections += [[line[3:].strip(), 0.0] for line in src.splitlines() if line.startswith("## ")]
         duration = cell.get("metadata", {}).get("papermill", {}).get("duration")
         if duration:
             sections[-1][1] += float(duration)

@@ -50,6 +50,8 @@ def test_notebook_shape(name):
     assert "## Reflection" in text, f"{name}: needs a '## Reflection' section"
     assert notebooks.MD_BEGIN in text, f"{name}: reflection answers belong between solution markers"
     assert "results.record(" in text and "results.summary()" in text, f"{name}: must record results and summarise"
+    assert re.search(rf"\bprogress\({int(name[:2])}\)", code[-1].source), \
+        f"{name}: the last code cell must show the learner's progress: progress({int(name[:2])})"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -90,6 +92,8 @@ def _run_unsolved_lab(name):
                         if o.output_type == "stream")
     assert "not attempted yet" in printed, f"{name}: no check reported 'not attempted yet' in the unsolved lab"
     assert "PASS Exercise" not in printed, f"{name}: a check passed on an unsolved exercise -- it cannot fail"
+    assert re.search(rf"Lab {name[:2]}: 0 of \d+ exercises passed", printed), \
+        f"{name}: the closing progress cell must report 0 exercises passed in the unsolved lab"
 
 
 def _unsolved_lab_class(name):
@@ -104,3 +108,22 @@ def _unsolved_lab_class(name):
 
 for _name in NAMES:
     globals()[f"TestUnsolvedLab{_name[:2]}"] = _unsolved_lab_class(_name)
+
+
+def test_optional_sections_agree_with_the_instructor_guide():
+    """INSTRUCTOR.md's table of optional sections is what the notebooks mark '*(optional)*' in their headings."""
+    guide = (REPO_ROOT / "INSTRUCTOR.md").read_text()
+    header = "| lab | notebook | core sections | optional sections | learner time (min) |"
+    assert header in guide, "INSTRUCTOR.md needs its table of core and optional sections"
+    rows = {}
+    for line in guide[guide.index(header):].splitlines()[2:]:
+        m = re.match(r"^\| (\d\d) \| `?(\w+)`? \|[^|]*\|([^|]*)\|", line)
+        if not m:
+            break
+        rows[m.group(1)] = sorted(int(n) for n in re.findall(r"\d+", m.group(3)))
+    assert sorted(rows) == [n[:2] for n in NAMES], "INSTRUCTOR.md's table must have one row per lab"
+    for name in NAMES:
+        marked = sorted(int(n) for c in _solution(name).cells if c.cell_type == "markdown"
+                        for n in re.findall(r"^## (\d+)\. .*\*\(optional\)\*$", c.source, re.M))
+        assert marked == rows[name[:2]], f"{name}: optional sections {marked} in the notebook, " \
+                                         f"{rows[name[:2]]} in INSTRUCTOR.md"
