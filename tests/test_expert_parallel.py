@@ -35,12 +35,16 @@ def test_bad_variant():
 
 
 def test_fp8_rows_round_trip():
-    x = torch.randn(5, 256) * torch.tensor([1e-3, 1.0, 30.0, 0.0, 5.0]).unsqueeze(1)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 256, generator=gen) * torch.tensor([1e-3, 1.0, 30.0, 0.0, 5.0]).unsqueeze(1)
     b = EP.encode_fp8(x)
     assert b.dtype == torch.uint8 and b.shape == (5, 256 + 2 * 4)
     y = EP.decode_fp8(b, 256)
     assert torch.equal(y[3], torch.zeros(256))  # an all-zero block stays zero (scale 1, not 0/0)
-    assert ((y - x).abs() <= x.abs() * 2**-4 + 1e-12).all()  # E4M3: 3 mantissa bits
+    # E4M3: 3 mantissa bits (relative error <= 2^-4) for normal values; values below 2^-6 of the block's scale are
+    # subnormal, spaced 2^-9 x scale apart, so their error is up to half that step (scale = block amax / 448)
+    scale = x.reshape(5, 2, 128).abs().amax(-1, keepdim=True).expand(5, 2, 128).reshape(5, 256) / 448
+    assert ((y - x).abs() <= x.abs() * 2**-4 + scale * 2**-10 + 1e-12).all()
 
 
 def test_send_counts():
