@@ -332,7 +332,7 @@ def test_fine_grained_learner_errors_reported_as_calls():
         assert xs.shape[1] == 3, "I assumed K = 384"
         return fine_grained(xq, xs, wq, ws)
 
-    with pytest.raises(CheckFailed, match=r"calling fine_grained_gemm\(xq \(3, 256\).*raised AssertionError: I assumed"):
+    with pytest.raises(CheckFailed, match=r"fine_grained_gemm\(xq \(3, 256\).*: your code raised AssertionError: I assumed"):
         check_fine_grained_gemm(crashes)
     with pytest.raises(CheckFailed, match="returned tuple"):
         check_fine_grained_gemm(lambda *a: (fine_grained(*a),))
@@ -376,9 +376,9 @@ def test_learner_exception_reported_as_the_call():  # class 6
     def asserts(e, m, special):
         assert special in ("ieee", "fn"), "unknown special"
         return facts(e, m, special)
-    with pytest.raises(CheckFailed, match=r"calling format_facts\(2, 1, 'none'\) raised AssertionError"):
+    with pytest.raises(CheckFailed, match=r"format_facts\(2, 1, 'none'\): your code raised AssertionError"):
         check_format_facts(asserts)
-    with pytest.raises(CheckFailed, match=r"calling bytes_per_param\(8, 8, 32\) raised RuntimeError"):
+    with pytest.raises(CheckFailed, match=r"bytes_per_param\(8, 8, 32\): your code raised RuntimeError"):
         check_bytes_per_param(lambda e, s, b: (_ for _ in ()).throw(RuntimeError("no")))
     with pytest.raises(CheckFailed, match="must return a tuple of 2"):
         check_mx_quantize(lambda x, elem, block=32: mx(x, elem, block)[0])

@@ -1,9 +1,13 @@
-"""What every checker's random cases share: a fresh seed per call, printed in a failure, and learner calls that
-report a crash or a wrong return type as a verdict naming the call.
+"""What every checker shares: random cases from a fresh seed per call (printed in a failure), learner calls whose
+crash, wrong return type or call to the reference becomes a verdict naming the call, and a record of Triton launches.
 
     with fresh_cases() as cases:          # a new seed each call; a CheckFailed inside gets "(random cases: seed N)"
         x = torch.randn(4, generator=cases.gen); n = cases.rng.randint(1, 9)
-        got = learner_call(fn, (x, n), f"fn(x [4], {n})")   # crash -> CheckFailed naming the call
+        got = as_number(learner_call(fn, (x, n), f"fn(x [4], {n})", (topology.fn,)), f"fn(x [4], {n})")
+
+    @checker("5.1", "...")
+    @replayable                           # check(fn, cases) inside fresh_cases; the checker takes seed=N to replay
+    def check_x(fn, cases): ...
 
 The same pieces one at a time: `seeded()` -> (rng, seed) and `with reproducible(seed):`; `call(fn, text, *args)`
 (a crash names the call and what it should return); `watched(references)` spies on the reference functions an
@@ -12,8 +16,11 @@ exercise asks the learner to write.
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import random
 import secrets
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -27,47 +34,81 @@ class Cases:
     rng: random.Random
     gen: torch.Generator
 
+    def tag(self, is_random: bool) -> str:
+        """" [random case, seed N]" for a random case, "" for a fixed one (for a case's description)."""
+        return f" [random case, seed {self.seed}]" if is_random else ""
+
 
 @contextlib.contextmanager
-def fresh_cases(seed: int | None = None):
-    """Random cases from a new seed (or `seed`, to reproduce a failure); the seed is appended to a failure."""
+def fresh_cases(seed: int | None = None, replay: bool = False):
+    """Random cases from a new seed (or `seed`, to reproduce a failure); a failure that does not name the seed yet
+    gets "(random cases: seed N)" appended (with `replay`, also "[replay with seed=N]")."""
     seed = secrets.randbits(31) if seed is None else int(seed)
     cases = Cases(seed, random.Random(seed), torch.Generator().manual_seed(seed))
     try:
         yield cases
     except CheckFailed as exc:
-        raise CheckFailed(f"{exc} (random cases: seed {seed})") from None
+        if f"seed {seed}" in str(exc):
+            raise
+        raise CheckFailed(f"{exc} (random cases: seed {seed})" + (f" [replay with seed={seed}]" if replay else "")) \
+            from None
 
 
-def learner_call(fn, args: tuple, call: str, references: tuple = ()):
+def replayable(check):
+    """Decorator: run `check(fn, cases)` inside fresh_cases; the decorated checker takes `seed=` to replay."""
+    @functools.wraps(check)
+    def run(fn, seed=None):
+        with fresh_cases(seed, replay=True) as cases:
+            return check(fn, cases)
+    return run
+
+
+def _reraise_stub(exc: BaseException) -> None:
+    """A stubbed @triton.jit kernel raises a compile error whose text names its NotImplementedError: not attempted."""
+    text = f"{type(exc).__name__}: {exc}"
+    if "NotImplementedError" in text and "replace this line with your code" in text:
+        raise NotImplementedError(str(exc).strip().splitlines()[-1][:200]) from None
+
+
+def _reference_name(ref) -> str:
+    return f"{ref[0].__name__}.{ref[1]}" if isinstance(ref, tuple) else f"{ref.__module__}.{ref.__name__}"
+
+
+def learner_call(fn, args: tuple, call: str, references: tuple = (), used: set | None = None):
     """fn(*args); an exception other than NotImplementedError becomes a verdict naming `call`.
 
-    `references`: (module, name) pairs of the `common` functions this exercise asks the learner to write; a call
-    to one of them (through its module, e.g. `moe.deepseek_v3_gate`) is caught and named.
+    `references`: the `common` functions this exercise asks the learner to write (see `watched`); a call to one is
+    a verdict, or, with `used` (a set), is added to it for the checker to refuse once the numbers are right.
     """
-    for module, name in references:
-        if fn is getattr(module, name):
-            raise CheckFailed(f"{call}: you passed {module.__name__}.{name} itself, the reference this exercise "
-                              f"asks you to write; write it yourself")
+    for ref in references:
+        if fn is (getattr(*ref) if isinstance(ref, tuple) else ref):
+            if used is None:
+                raise CheckFailed(f"{call} called {_reference_name(ref)}, the reference this exercise asks you to "
+                                  f"write (you passed {_reference_name(ref)} itself); write it yourself")
+            used.add(_reference_name(ref))
     try:
         with watched(references) as called:
             result = fn(*args)
     except NotImplementedError:
         raise
     except Exception as exc:
+        _reraise_stub(exc)
         raise CheckFailed(f"{call}: {_learner_error(exc)}") from exc
-    if called:
+    if called and used is not None:
+        used.update(called)
+    elif called:
         raise CheckFailed(f"{call} called {called[0]}, the reference this exercise asks you to write; write it "
                           f"yourself (torch and math built-ins are fine)")
     return result
 
 
 def as_number(got, call: str, what: str = "a number", integer: bool = False):
-    """float(got) (an int when `integer`), or a verdict saying what came back instead."""
+    """float(got) (an int when `integer`) for one number (a 0-d tensor or array too), or a verdict saying what came
+    back instead."""
     if got is None:
         raise CheckFailed(f"{call} returned None -- return {what}")
     try:
-        if isinstance(got, (str, bytes, bool)):
+        if isinstance(got, (str, bytes, bool)) or getattr(got, "ndim", 0):
             raise TypeError
         value = float(got)
     except (TypeError, ValueError, RuntimeError):
@@ -86,7 +127,6 @@ def digits(x: float) -> str:
 
 def expect_number(got: float, expected: float, what: str, rtol: float, atol: float = 0.0) -> None:
     """Scalar closeness, printed with enough digits to show the difference (checks.expect_close prints 6)."""
-    import math
     if not math.isclose(float(got), float(expected), rel_tol=rtol, abs_tol=atol):
         rel = abs(got - expected) / abs(expected) if expected else float("inf")
         raise CheckFailed(f"{what}: expected {digits(expected)}, got {digits(got)} (relative error {rel:.3g}, "
@@ -110,20 +150,36 @@ def reproducible(seed: int):
 
 @contextlib.contextmanager
 def watched(references):
-    """Replace each (module, name) by a spy while the block runs; yields the list of names that were called."""
+    """Spy on the references while the block runs; yields the list of their names that were called.
+
+    A (module, name) pair is replaced by a spy in its module (a call through the module is seen); a function is
+    watched by its code object (a call is seen whatever name or import path the learner used)."""
     called: list[str] = []
     saved = []
-    for module, name in references:
+    codes = {}
+    for ref in references:
+        if not isinstance(ref, tuple):
+            codes[ref.__code__] = _reference_name(ref)
+            continue
+        module, name = ref
         real = getattr(module, name)
 
-        def spy(*a, _real=real, _name=f"{module.__name__}.{name}", **k):
+        def spy(*a, _real=real, _name=_reference_name(ref), **k):
             called.append(_name)
             return _real(*a, **k)
         saved.append((module, name, real))
         setattr(module, name, spy)
+    before = sys.getprofile()
+    if codes:
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code in codes:
+                called.append(codes[frame.f_code])
+        sys.setprofile(profile)
     try:
         yield called
     finally:
+        if codes:
+            sys.setprofile(before)
         for module, name, real in saved:
             setattr(module, name, real)
 
@@ -146,3 +202,26 @@ def call(fn, text: str, *args, expected: str = "a result", references=()):
         raise CheckFailed(f"{text} calls {called[0]}, the workbook's reference answer: this exercise is to write it "
                           f"yourself")
     return out
+
+
+@contextlib.contextmanager
+def record_launches():
+    """Record (in the yielded list) every Triton launch `kernel[grid](...)` made inside the block: its grid (None
+    when the grid is a function) and its int / bool keyword arguments (the constexprs such as BLOCK_SIZE)."""
+    from triton.runtime.jit import KernelInterface  # the base of compiled and interpreted kernels: kernel[grid]
+    launches: list[dict] = []
+    original = KernelInterface.__dict__["__getitem__"]
+
+    def getitem(kernel, grid):
+        launch = original(kernel, grid)
+
+        def run(*args, **kwargs):
+            launches.append({"grid": None if callable(grid) else tuple(grid),
+                             "constants": {k: v for k, v in kwargs.items() if isinstance(v, (int, bool))}})
+            return launch(*args, **kwargs)
+        return run
+    KernelInterface.__getitem__ = getitem
+    try:
+        yield launches
+    finally:
+        KernelInterface.__getitem__ = original

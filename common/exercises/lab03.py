@@ -6,65 +6,21 @@ process (the interpreter does not bounds-check) nor corrupts memory, and the che
 """
 from __future__ import annotations
 
-import random
-
 from common.checks import checker, expect, expect_close, expect_equal, fail
+from common.exercises.cases import learner_call, record_launches, replayable
 
 GUARD = 1 << 17  # elements after each tensor; larger than any block a launcher would use on these sizes
 SENTINEL = -12345.0  # what `out` and the guards hold before the call: a value no right answer produces here
 
 
-def _reraise_stub(exc: BaseException) -> None:
-    """A stubbed @triton.jit kernel raises NotImplementedError under the interpreter, but a compile error whose text
-    names it on a GPU: report both as "not attempted"."""
-    text = f"{type(exc).__name__}: {exc}"
-    if "NotImplementedError" in text and "replace this line with your code" in text:
-        raise NotImplementedError(str(exc).strip().splitlines()[-1][:200]) from None
-
-
-def _call(fn, *args, **kwargs):
-    """Call the learner's launcher; NumPy's overflow warnings from the interpreter are silenced (the verdict explains
+def _launch(fn, args: tuple, call: str, **kwargs):
+    """learner_call of a launcher, with NumPy's overflow warnings from the interpreter silenced (the verdict explains
     an overflow better)."""
+    import functools
     import warnings
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            return fn(*args, **kwargs)
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        _reraise_stub(exc)
-        raise
-
-
-class _RecordLaunches:
-    """`with _RecordLaunches() as launches:` records every Triton launch `kernel[grid](...)` made inside: its grid
-    (None when the grid is a function) and its int / bool keyword arguments (the constexprs such as BLOCK_SIZE)."""
-
-    def __enter__(self):
-        from triton.runtime.jit import KernelInterface  # the base of compiled and interpreted kernels: kernel[grid]
-        self.launches = []
-        self.saved = {KernelInterface: KernelInterface.__dict__["__getitem__"]}
-        launches = self.launches
-
-        def wrap(original):
-            def getitem(kernel, grid):
-                launch = original(kernel, grid)
-
-                def call(*args, **kwargs):
-                    launches.append({"grid": None if callable(grid) else tuple(grid),
-                                     "constants": {k: v for k, v in kwargs.items() if isinstance(v, (int, bool))}})
-                    return launch(*args, **kwargs)
-                return call
-            return getitem
-        for cls, original in self.saved.items():
-            cls.__getitem__ = wrap(original)
-        return self.launches
-
-    def __exit__(self, *exc):
-        for cls, original in self.saved.items():
-            cls.__getitem__ = original
-        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return learner_call(functools.partial(fn, **kwargs), args, call)
 
 
 def _guarded(t, fill=None):
@@ -101,18 +57,18 @@ def _expect_guard_intact(buf, n: int, what: str, hint: str) -> None:
 
 # ---------------------------------------------------------------------------------------------------- 3.1
 @checker("3.1", "bytes moved by an elementwise chain, unfused vs fused")
-def check_chain_bytes(chain_bytes):
+@replayable
+def check_chain_bytes(chain_bytes, cases):
     """chain_bytes(n_elements, n_ops, bytes_per_element, fused) -> bytes read + written from/to memory."""
-    seed = random.randrange(2**31)
-    rng = random.Random(seed)
+    seed, rng = cases.seed, cases.rng
     # every element size accepted (1, 2, 4, 8 bytes) has a fixed case; asymmetric sizes first
-    cases = [(1000, 3, 4, False), (1000, 3, 4, True), (1, 1, 2, False), (777, 5, 1, False), (513, 2, 8, True),
-             (300, 4, 2, False)] + [
+    cases_ = [(1000, 3, 4, False), (1000, 3, 4, True), (1, 1, 2, False), (777, 5, 1, False), (513, 2, 8, True),
+              (300, 4, 2, False)] + [
         (rng.randint(2, 10**8), rng.randint(2, 12), rng.choice([1, 2, 4, 8]), rng.random() < 0.5) for _ in range(4)]
-    for n, ops, b, fused in cases:
-        got = chain_bytes(n, ops, b, fused)
+    for n, ops, b, fused in cases_:
         expected = 2 * n * b * (1 if fused else ops)
         where = f"chain_bytes({n}, n_ops={ops}, bytes_per_element={b}, fused={fused}) (seed {seed})"
+        got = learner_call(chain_bytes, (n, ops, b, fused), where)
         expect(got is not None, f"{where} returned None -- return the number of bytes")
         if got != expected:
             if b == 2 and got == expected // 2:  # elements and "reads only" give one number at 2 bytes: name both
@@ -133,37 +89,36 @@ def check_chain_bytes(chain_bytes):
             if got == expected // b:
                 fail(f"{where} = {got}: that counts elements, not bytes (multiply by bytes_per_element)")
         expect_equal(got, expected, where)
-    return f"right for {len(cases)} chains: 2*n*b per pass, n_ops passes unfused, one pass fused"
+    return f"right for {len(cases_)} chains: 2*n*b per pass, n_ops passes unfused, one pass fused"
 
 
 # ---------------------------------------------------------------------------------------------------- 3.2
 def _add_cases(rng):
     """(n, block_size): single elements, sizes just around a block, several blocks with a ragged tail."""
-    cases = [(1, 128), (128, 128), (129, 128), (1000, 256), (rng.randint(2, 20) * 256 + rng.randint(1, 255), 256),
-             (rng.randint(3, 30) * 4096 + rng.randint(1, 4095), 4096)]
-    return cases
+    cases_ = [(1, 128), (128, 128), (129, 128), (1000, 256), (rng.randint(2, 20) * 256 + rng.randint(1, 255), 256),
+              (rng.randint(3, 30) * 4096 + rng.randint(1, 4095), 4096)]
+    return cases_
 
 
 @checker("3.2", "Triton vector add (mask, block size, grid)")
-def check_vector_add(vector_add):
+@replayable
+def check_vector_add(vector_add, cases):
     """vector_add(x, y, out, block_size) -> out = x + y with a Triton kernel; float32, fresh inputs each call."""
     import torch
     from common.env import current
     device = current().device
-    seed = random.randrange(2**31)
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    cases = _add_cases(rng)
-    for n, block in cases:
+    seed, rng, gen = cases.seed, cases.rng, cases.gen
+    cases_ = _add_cases(rng)
+    for n, block in cases_:
         x0 = torch.randn(n, generator=gen).to(device)
         y0 = torch.randn(n, generator=gen).to(device)
         x, _ = _guarded(x0, fill=float("nan"))  # an unmasked load reads NaN, never past the allocation
         y, _ = _guarded(y0, fill=float("nan"))
         out, out_buf = _guarded_out((n,), device)
-        with _RecordLaunches() as launches:
-            ret = _call(vector_add, x, y, out, block_size=block)
-        got = out if ret is None else ret
         where = f"vector_add with n={n}, block_size={block} (seed {seed})"
+        with record_launches() as launches:
+            ret = _launch(vector_add, (x, y, out), where, block_size=block)
+        got = out if ret is None else ret
         sizes = {lc["constants"].get("BLOCK_SIZE") for lc in launches} - {None}
         if sizes and sizes != {block}:
             fail(f"{where}: the kernel was launched with BLOCK_SIZE={sorted(sizes)[0]}, not the block_size={block} "
@@ -182,7 +137,7 @@ def check_vector_add(vector_add):
                  f"the grid has too few programs. It needs ceil(n / block_size) = {-(-n // block)} programs -- "
                  f"`triton.cdiv(n, block_size)`, with the same block size that the kernel is given")
         expect_close(got, x0.double() + y0.double(), where, rtol=1e-6, atol=1e-6)
-    return (f"x + y right for {len(cases)} sizes and block sizes, including sizes that are not a multiple of the "
+    return (f"x + y right for {len(cases_)} sizes and block sizes, including sizes that are not a multiple of the "
             f"block; nothing written past the end")
 
 
@@ -224,16 +179,15 @@ def _softmax_diagnosis(got, x0, where):
 
 
 @checker("3.3", "fused softmax over rows in Triton")
-def check_softmax(softmax):
+@replayable
+def check_softmax(softmax, cases):
     """softmax(x, out) -> out = softmax of each row of the 2-D float32 x (one program per row, one read, one write)."""
     import torch
     from common.env import current
     device = current().device
-    seed = random.randrange(2**31)
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    cases = _softmax_cases(rng)
-    for rows, cols, scale, offset, strided in cases:
+    seed, rng, gen = cases.seed, cases.rng, cases.gen
+    cases_ = _softmax_cases(rng)
+    for rows, cols, scale, offset, strided in cases_:
         x0 = torch.randn(rows, cols, generator=gen).to(device) * scale + offset
         if strided:  # rows further apart than cols: the kernel must use the row stride, not assume cols
             wide, wide_buf = _guarded(torch.randn(rows, cols + 64, device=device), fill=float("nan"))
@@ -245,8 +199,8 @@ def check_softmax(softmax):
         where = (f"softmax of a {rows}x{cols} matrix" + (f" with values around {offset:.0f} +- {scale:.0f}"
                                                           if offset else "") + (" (a strided view)" if strided else "")
                  + f" (seed {seed})")
-        with _RecordLaunches() as launches:
-            ret = _call(softmax, x, out)
+        with record_launches() as launches:
+            ret = _launch(softmax, (x, out), where)
         got = out if ret is None else ret
         grids = [lc["grid"] for lc in launches if lc["grid"] is not None]
         expect(isinstance(got, torch.Tensor), f"{where}: returned {type(got).__name__}, expected the tensor out")
@@ -265,5 +219,5 @@ def check_softmax(softmax):
         if grids and grids[-1][0] != rows:  # right numbers from another design: the exercise asks for this one
             fail(f"{where}: launched a grid of {grids[-1]} for {rows} rows -- one program per row: grid = (n_rows,)")
         expect_close(got, expected, where, rtol=1e-5, atol=1e-6)
-    return (f"matches torch.softmax over rows for {len(cases)} shapes (columns not a power of two, large values, a "
+    return (f"matches torch.softmax over rows for {len(cases_)} shapes (columns not a power of two, large values, a "
             f"strided view)")

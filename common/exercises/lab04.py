@@ -6,9 +6,8 @@ one, a sequence length that is not a multiple of the block) and names the one th
 """
 from __future__ import annotations
 
-import random
-
 from common.checks import checker, expect, expect_equal, fail
+from common.exercises.cases import learner_call, replayable
 
 # relative error allowed (max abs error / max abs reference): float32 on the CPU, 16-bit floats on a GPU
 TOL = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 3e-2, "float16": 1e-2}
@@ -18,18 +17,18 @@ TOL = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 3e-2, "float16": 1e-2}
 # 4.1 standard attention's HBM bytes
 
 @checker("4.1", "HBM bytes of standard attention")
-def check_standard_attention_bytes(standard_bytes):
+@replayable
+def check_standard_attention_bytes(standard_bytes, cases):
     """standard_bytes(seq_len, head_dim, elem_bytes) -> HBM bytes of one head of standard attention (Algorithm 0)."""
     from common.attention import standard_io_bytes
-    seed = random.randrange(2**31)
-    rng = random.Random(seed)
+    seed, rng = cases.seed, cases.rng
     # every element size accepted gets a fixed case (asymmetric: N != d, so no two mistakes give one number)
-    cases = [(1024, 64, 2), (4096, 128, 2), (3000, 80, 4), (777, 32, 1)] + [
+    cases_ = [(1024, 64, 2), (4096, 128, 2), (3000, 80, 4), (777, 32, 1)] + [
         (rng.randint(1, 20000), rng.choice([32, 64, 80, 128, 256]), rng.choice([1, 2, 4])) for _ in range(4)]
-    for n, d, b in cases:
-        got = standard_bytes(n, d, b)
+    for n, d, b in cases_:
         expected = standard_io_bytes(n, d, b)
         where = f"standard_bytes(seq_len={n}, head_dim={d}, elem_bytes={b}) (seed {seed})"
+        got = learner_call(standard_bytes, (n, d, b), where)
         expect(got is not None, f"{where} returned None -- return the number of bytes")
         if got == b * (4 * n * d + 2 * n * n):
             fail(f"{where} = {got}: you counted the N x N matrices S and P once each; each is written to HBM and "
@@ -41,7 +40,7 @@ def check_standard_attention_bytes(standard_bytes):
         if got == b * (3 * n * d + 4 * n * n):
             fail(f"{where} = {got}: one of Q, K, V, O is missing -- read three inputs and write one output (4 N d)")
         expect_equal(got, expected, where)
-    return f"right for {len(cases)} sizes: elem_bytes * (4 N d + 4 N^2)"
+    return f"right for {len(cases_)} sizes: elem_bytes * (4 N d + 4 N^2)"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -63,21 +62,20 @@ def _no_rescale_sum(x64, block):
 
 
 @checker("4.2", "online softmax")
-def check_online_softmax(online_softmax_stats):
+@replayable
+def check_online_softmax(online_softmax_stats, cases):
     """online_softmax_stats(blocks) -> (m, l): running max and sum of exp(x - m) over an iterable of column blocks."""
     import torch
     from common.checks import expect_close
-    seed = random.randrange(2**31)
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
+    seed, rng, gen = cases.seed, cases.rng, cases.gen
     # small values whose max grows block after block (rows sorted ascending), one block, large values (exp(x)
     # overflows), and the max in the FIRST block (rows sorted descending: a running max that is overwritten by each
     # block's max, not kept, fails there); the blocks come from a one-shot generator
-    cases = [(rng.randint(2, 6), rng.randint(130, 300), rng.choice([16, 32, 64]), 1.0, True),
-             (rng.randint(2, 6), rng.randint(2, 15), 16, 1.0, False),
-             (rng.randint(2, 6), rng.randint(100, 300), rng.choice([17, 32, 50]), 40.0, True),
-             (rng.randint(2, 6), rng.randint(100, 200), rng.choice([16, 32]), 1.0, "descending")]
-    for rows, n, block, scale, ascending in cases:
+    cases_ = [(rng.randint(2, 6), rng.randint(130, 300), rng.choice([16, 32, 64]), 1.0, True),
+              (rng.randint(2, 6), rng.randint(2, 15), 16, 1.0, False),
+              (rng.randint(2, 6), rng.randint(100, 300), rng.choice([17, 32, 50]), 40.0, True),
+              (rng.randint(2, 6), rng.randint(100, 200), rng.choice([16, 32]), 1.0, "descending")]
+    for rows, n, block, scale, ascending in cases_:
         x = torch.randn(rows, n, dtype=torch.float64, generator=gen) * scale
         if ascending:
             x = x.sort(dim=-1, descending=ascending == "descending").values
@@ -86,7 +84,7 @@ def check_online_softmax(online_softmax_stats):
         m_ref, l_ref = x64.amax(-1), torch.exp(x64 - x64.amax(-1, keepdim=True)).sum(-1)
         where = (f"{rows} rows x {n} columns in blocks of {block}" + (", large values" if scale > 10 else "")
                  + (", the max in the first block" if ascending == "descending" else "") + f" (seed {seed})")
-        out = online_softmax_stats(_blocks(x32, block))
+        out = learner_call(online_softmax_stats, (_blocks(x32, block),), f"online_softmax_stats(blocks) for {where}")
         expect(isinstance(out, (tuple, list)) and len(out) == 2,
                f"return a pair (m, l) -- the running max and the sum; got {type(out).__name__}")
         m, l = (torch.as_tensor(t).double() for t in out)
@@ -108,7 +106,7 @@ def check_online_softmax(online_softmax_stats):
             fail(f"for {where} the sum is too large: when a block raises the max from m to m_new, the sum so far "
                  f"must be rescaled by exp(m - m_new) before the new terms are added")
         expect_close(l, l_ref, f"the sum l = sum exp(x - m) ({where})", rtol=1e-4)
-    return f"running max and rescaled sum right for {len(cases)} matrices, including growing maxima and exp overflow"
+    return f"running max and rescaled sum right for {len(cases_)} matrices, including growing maxima and exp overflow"
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -213,7 +211,7 @@ def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=No
         if tiles:
             guard = _full_matrix_guard(n, n, max(tiles), record_tiles=d)
             with guard:
-                got = fn(q, k, v, causal)
+                got = learner_call(fn, (q, k, v, causal), f"{label} for {where}")
             if guard.seen:
                 fail(f"{where}: {guard.seen[0]} produced a tensor of shape {guard.seen[1]}: the N x N matrix was "
                      f"formed -- loop over blocks of block_n keys")
@@ -223,7 +221,7 @@ def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=No
                      f"S tiles must be (at most) block_m query rows x block_n keys -- are block_m and block_n "
                      f"swapped?")
         else:
-            got = fn(q, k, v, causal)
+            got = learner_call(fn, (q, k, v, causal), f"{label} for {where}")
         for name, t, c in zip("qkv", (q, k, v), copies):
             expect(torch.equal(t, c) or (torch.isnan(t) == torch.isnan(c)).all() and torch.equal(
                 t.nan_to_num(), c.nan_to_num()), f"{where}: {label} modified its input {name} in place")
@@ -249,21 +247,21 @@ def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=No
 # 4.3 tiled attention in PyTorch
 
 @checker("4.3", "tiled attention in PyTorch")
-def check_tiled_attention(tiled_attention):
+@replayable
+def check_tiled_attention(tiled_attention, cases):
     """tiled_attention(q, k, v, block_m, block_n, causal) -> O, never forming the N x N matrix."""
     import torch
-    seed = random.randrange(2**31)
-    rng = random.Random(seed)
+    seed, rng = cases.seed, cases.rng
     bm, bn = rng.choice([32, 64]), 16  # block_m > block_n always, and neither equals d = 32 in the first case
 
     def fn(q, k, v, causal):
         return tiled_attention(q, k, v, bm, bn, causal)
 
     n_odd = rng.choice([x for x in range(70, 160) if x % 16])
-    cases = [(1, 2, 4 * 32, 32, False, False), (2, 1, n_odd, 64, False, False),
-             (1, 2, 4 * 32, 32, True, False), (1, 1, rng.randint(65, 130), 64, True, False),
-             (1, 1, rng.randint(65, 100), 32, False, True)]
-    count = _check_attention(fn, cases, torch.float32, "cpu", (bn, 32), "tiled_attention", seed, tiles=(bm, bn))
+    cases_ = [(1, 2, 4 * 32, 32, False, False), (2, 1, n_odd, 64, False, False),
+              (1, 2, 4 * 32, 32, True, False), (1, 1, rng.randint(65, 130), 64, True, False),
+              (1, 1, rng.randint(65, 100), 32, False, True)]
+    count = _check_attention(fn, cases_, torch.float32, "cpu", (bn, 32), "tiled_attention", seed, tiles=(bm, bn))
     return f"matches SDPA (float32, relative error < 1e-4) in {count} cases: causal, non-causal, N not a multiple " \
            f"of the blocks, large scores"
 
@@ -272,27 +270,27 @@ def check_tiled_attention(tiled_attention):
 # 4.4 the Triton forward
 
 @checker("4.4", "Triton FlashAttention forward")
-def check_triton_forward(flash_forward):
+@replayable
+def check_triton_forward(flash_forward, cases):
     """flash_forward(q, k, v, causal) -> O from your Triton kernel; float32 on a CPU, bf16 and fp16 on a GPU."""
     import torch
-    seed = random.randrange(2**31)
-    rng = random.Random(seed)
+    seed, rng = cases.seed, cases.rng
     if torch.cuda.is_available():
         device, dtypes = "cuda", (torch.bfloat16, torch.float16)
         n_odd = rng.choice([x for x in range(600, 1500) if x % 128])
-        cases = [(2, 4, 1024, 64, False, False), (2, 4, n_odd, 128, False, False), (1, 4, 1024, 128, True, False),
-                 (2, 2, n_odd, 64, True, False), (1, 2, 512, 64, False, True)]
+        cases_ = [(2, 4, 1024, 64, False, False), (2, 4, n_odd, 128, False, False), (1, 4, 1024, 128, True, False),
+                  (2, 2, n_odd, 64, True, False), (1, 2, 512, 64, False, True)]
         hint = (64, 128)
     else:
         device, dtypes = "cpu", (torch.float32,)
         n_odd = rng.choice([x for x in range(70, 190) if x % 64])
-        cases = [(1, 2, 128, 64, False, False), (1, 1, n_odd, 64, False, False), (1, 1, 128, 64, True, False),
-                 (1, 1, rng.choice([x for x in range(70, 190) if x % 64]), 64, True, False),
-                 (1, 1, rng.randint(20, 60), 128, True, False), (1, 1, rng.randint(70, 120), 64, False, True)]
+        cases_ = [(1, 2, 128, 64, False, False), (1, 1, n_odd, 64, False, False), (1, 1, 128, 64, True, False),
+                  (1, 1, rng.choice([x for x in range(70, 190) if x % 64]), 64, True, False),
+                  (1, 1, rng.randint(20, 60), 128, True, False), (1, 1, rng.randint(70, 120), 64, False, True)]
         hint = (64, 64)
     total = 0
     for dtype in dtypes:
-        total += _check_attention(flash_forward, cases, dtype, device, hint, "flash_forward", seed)
+        total += _check_attention(flash_forward, cases_, dtype, device, hint, "flash_forward", seed)
     names = "/".join(str(d).replace("torch.", "") for d in dtypes)
     return f"matches SDPA ({names}) in {total} cases: causal, non-causal, head dims 64 and 128, N not a " \
            f"multiple of the block"
@@ -372,22 +370,21 @@ _BWD_MISTAKES = {
 
 
 @checker("4.5", "tiled attention backward in PyTorch")
-def check_tiled_backward(tiled_backward):
+@replayable
+def check_tiled_backward(tiled_backward, cases):
     """tiled_backward(q, k, v, o, lse, do, block_m, block_n, causal) -> (dq, dk, dv), never forming the N x N
     matrix, checked against autograd through SDPA (float64) on float32 inputs."""
     import torch
     import torch.nn.functional as F
     from common.checks import expect_close
-    seed = random.randrange(2**31)
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
+    seed, rng, gen = cases.seed, cases.rng, cases.gen
     tol = TOL["float32"]
     n_odd = rng.choice([x for x in range(70, 140) if x % 32 and x % 16 and x % 48])
     # (B, H, N, d, block_m, block_n, causal): blocks unequal both ways, N not a multiple of either block
-    cases = [(1, 2, 96, 32, 32, 16, False), (2, 1, n_odd, 16, 16, 32, False), (1, 2, 96, 32, 32, 16, True),
-             (1, 1, n_odd, 32, 16, 48, True), (1, 1, rng.randint(40, 90), 16, rng.choice([16, 32]),
+    cases_ = [(1, 2, 96, 32, 32, 16, False), (2, 1, n_odd, 16, 16, 32, False), (1, 2, 96, 32, 32, 16, True),
+              (1, 1, n_odd, 32, 16, 48, True), (1, 1, rng.randint(40, 90), 16, rng.choice([16, 32]),
                                                rng.choice([8, 16, 24]), rng.random() < 0.5)]
-    for b, h, n, d, bm, bn, causal in cases:
+    for b, h, n, d, bm, bn, causal in cases_:
         q, k, v, do = (torch.randn(b, h, n, d, generator=gen) for _ in range(4))
         where = (f"B={b}, H={h}, N={n}, d={d}, block_m={bm}, block_n={bn}, "
                  f"{'causal' if causal else 'non-causal'} (seed {seed})")
@@ -403,7 +400,7 @@ def check_tiled_backward(tiled_backward):
         copies = [t.clone() for t in inputs]
         guard = _full_matrix_guard(n, n, max(bm, bn))
         with guard:
-            out = tiled_backward(q, k, v, o, lse, do, bm, bn, causal)
+            out = learner_call(tiled_backward, (q, k, v, o, lse, do, bm, bn, causal), f"tiled_backward for {where}")
         expect(isinstance(out, (tuple, list)) and len(out) == 3,
                f"tiled_backward(...) for {where} must return a tuple (dq, dk, dv); got {type(out).__name__}"
                + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""))
@@ -431,5 +428,5 @@ def check_tiled_backward(tiled_backward):
             if e >= tol:
                 expect_close(g, r, f"{name} for {where} (relative error {e:.3g}, allowed {tol:g})", rtol=tol,
                              atol=tol * float(r.abs().max()))
-    return (f"dQ, dK, dV match autograd through SDPA in {len(cases)} cases (causal and not, block_m != block_n, N not "
+    return (f"dQ, dK, dV match autograd through SDPA in {len(cases_)} cases (causal and not, block_m != block_n, N not "
             f"a multiple of either block), never forming the N x N matrix, inputs untouched")

@@ -4,15 +4,14 @@ and block shape it accepts, asymmetric shapes first) and then random ones drawn 
 prints (pass `seed=` to the check to replay it); each compares with common.lowp / common.scaled_gemm."""
 from __future__ import annotations
 
-import functools
 import math
-import random
 
 import numpy as np
 import torch
 
 from common import lowp, scaled_gemm
-from common.checks import CheckFailed, checker, expect, expect_close, expect_equal, fail, near
+from common.checks import checker, expect, expect_close, expect_equal, fail, near
+from common.exercises.cases import learner_call, replayable
 
 _SPECIALS = ("ieee", "fn", "none")
 
@@ -23,22 +22,6 @@ def _rand_tensor(rows, cols, gen, spread=3.0):
     x *= torch.exp(spread * torch.randn(rows, 1, generator=gen, dtype=torch.float64))
     x.view(-1)[torch.randint(0, x.numel(), (max(1, x.numel() // 200),), generator=gen)] *= 20
     return x.to(torch.float32)
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _seeded(check):
-    """Give `check` a fresh seed per call (or the `seed=` passed) and name it in a failure."""
-    @functools.wraps(check)
-    def run(fn, seed=None):
-        seed = random.SystemRandom().randrange(2**31) if seed is None else int(seed)
-        try:
-            return check(fn, seed)
-        except CheckFailed as exc:
-            raise CheckFailed(f"{exc} [random cases from seed={seed}; replay with seed={seed}]") from None
-    return run
 
 
 class _Float8Watch(torch.overrides.TorchFunctionMode):
@@ -58,47 +41,14 @@ class _Float8Watch(torch.overrides.TorchFunctionMode):
 # What each exercise asks the learner to write: calling these references in its place is caught (other helpers of
 # common.lowp that the exercise text offers -- blocks, unblocks, round_to where allowed, round_significand -- are fine).
 _REFERENCES = {
-    "5.2": [(lowp, "round_to"), (lowp, "torch_cast")],
-    "5.3": [(lowp, "quantize"), (lowp, "fake_quantize"), (scaled_gemm, "quantize_fp8")],
-    "5.4": [(lowp, "quantize"), (lowp, "fake_quantize")],
-    "5.5": [(lowp, "quantize"), (lowp, "fake_quantize")],
-    "5.6": [(lowp, "accumulate")],
-    "5.7": [(lowp, "bytes_per_param")],
-    "5.8": [(scaled_gemm, "scaled_mm_fine_grained")],
+    "5.2": (lowp.round_to, lowp.torch_cast),
+    "5.3": (lowp.quantize, lowp.fake_quantize, scaled_gemm.quantize_fp8),
+    "5.4": (lowp.quantize, lowp.fake_quantize),
+    "5.5": (lowp.quantize, lowp.fake_quantize),
+    "5.6": (lowp.accumulate,),
+    "5.7": (lowp.bytes_per_param,),
+    "5.8": (scaled_gemm.scaled_mm_fine_grained,),
 }
-
-
-def _call(fn, what, *args, exercise=None, used=None):
-    """Call the learner's function; an exception (other than NotImplementedError) becomes a verdict naming the
-    call that raised it. With `exercise`, calls of the references listed for it (and, for 5.2, float8 casts) are
-    added to the set `used` (the check refuses them once the numbers are right)."""
-    saved = []
-    if exercise is not None:
-        for mod, name in _REFERENCES.get(exercise, []):
-            orig = getattr(mod, name)
-            if fn is orig:
-                used.add(f"{mod.__name__}.{name}")
-
-            def spy(*a, _orig=orig, _name=f"{mod.__name__}.{name}", **k):
-                used.add(_name)
-                return _orig(*a, **k)
-            saved.append((mod, name, orig))
-            setattr(mod, name, spy)
-    watch = _Float8Watch() if exercise == "5.2" else None
-    try:
-        if watch is not None:
-            with watch:
-                return fn(*args)
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        fail(f"calling {what} raised {type(exc).__name__}: {exc}")
-    finally:
-        for mod, name, orig in saved:
-            setattr(mod, name, orig)
-        if watch is not None and watch.used:
-            used.add("a cast to a torch float8 dtype")
 
 
 def _refuse_references(used, task):
@@ -133,18 +83,18 @@ def _first_diff(got, exp):
 
 # ---------------------------------------------------------------------------------------------- 5.1
 @checker("5.1", "format facts from the bit layout")
-@_seeded
-def check_format_facts(format_facts, seed):
+@replayable
+def check_format_facts(format_facts, cases):
     """format_facts(exp_bits, man_bits, special) -> dict(max, smallest_normal, smallest_subnormal, eps)."""
-    rng = random.Random(seed)
-    cases = [(f.exp_bits, f.man_bits, f.special, f.name) for f in lowp.FORMATS.values()]
+    rng = cases.rng
+    cases_ = [(f.exp_bits, f.man_bits, f.special, f.name) for f in lowp.FORMATS.values()]
     for _ in range(4):
         e, m, sp = rng.randint(2, 6), rng.randint(1, 5), rng.choice(_SPECIALS)
-        cases.append((e, m, sp, f"E{e}M{m} ({sp})"))
+        cases_.append((e, m, sp, f"E{e}M{m} ({sp})"))
     keys = ("max", "smallest_normal", "smallest_subnormal", "eps")
-    for e, m, sp, name in cases:
+    for e, m, sp, name in cases_:
         ref = lowp.Format(name, e, m, sp)
-        got = _call(format_facts, f"format_facts({e}, {m}, {sp!r})", e, m, sp)
+        got = learner_call(format_facts, (e, m, sp), f"format_facts({e}, {m}, {sp!r})")
         expect(isinstance(got, dict), f"format_facts({e}, {m}, {sp!r}) must return a dict, got {type(got).__name__}")
         missing = [k for k in keys if k not in got]
         expect(not missing, f"format_facts({e}, {m}, {sp!r}) is missing keys {missing}")
@@ -165,15 +115,15 @@ def check_format_facts(format_facts, seed):
             fi = torch.finfo(getattr(torch, ref.torch_dtype))
             expect_close(got["max"], fi.max, f"{name} max vs torch.finfo", rtol=1e-12, atol=0)
             expect_close(got["eps"], fi.eps, f"{name} eps vs torch.finfo", rtol=1e-12, atol=0)
-    return f"{len(cases)} layouts right (E4M3 max 448, E5M2 57344, E2M1 6; agrees with torch.finfo)"
+    return f"{len(cases_)} layouts right (E4M3 max 448, E5M2 57344, E2M1 6; agrees with torch.finfo)"
 
 
 # ---------------------------------------------------------------------------------------------- 5.2
 @checker("5.2", "round to FP8 E4M3 (nearest-even, saturating)")
-@_seeded
-def check_round_to_e4m3(round_to_e4m3, seed):
+@replayable
+def check_round_to_e4m3(round_to_e4m3, cases):
     """round_to_e4m3(x) -> tensor of E4M3 values nearest to x (ties to even), +-448 beyond the range."""
-    gen = _gen(seed)
+    gen = cases.gen
     grid = torch.tensor(lowp.e4m3.values(), dtype=torch.float64)
     mids = (grid[1:] + grid[:-1]) / 2
     ties = torch.cat([mids, -mids])
@@ -181,8 +131,12 @@ def check_round_to_e4m3(round_to_e4m3, seed):
                    (torch.randn(2000, generator=gen, dtype=torch.float64)
                     * torch.exp(3 * torch.randn(2000, generator=gen, dtype=torch.float64)))]).to(torch.float32)
     used = set()
-    got = _as_tensor(_call(round_to_e4m3, f"round_to_e4m3(x of shape {tuple(x.shape)})", x.clone(),
-                           exercise="5.2", used=used), "round_to_e4m3(x)")
+    with _Float8Watch() as watch:  # a cast to FP8 does the rounding for you
+        got = learner_call(round_to_e4m3, (x.clone(),), f"round_to_e4m3(x of shape {tuple(x.shape)})",
+                           _REFERENCES["5.2"], used)
+    if watch.used:
+        used.add("a cast to a torch float8 dtype")
+    got = _as_tensor(got, "round_to_e4m3(x)")
     expect_equal(tuple(got.shape), tuple(x.shape), "output shape")
     ref = lowp.round_to(x, lowp.e4m3, saturate=True)
     big = x.abs() > 448
@@ -258,8 +212,12 @@ def _expand(scale, bm, bk):
     return scale.repeat_interleave(bm, 0).repeat_interleave(bk, 1)
 
 
-def _check_elements(q, x, s_full, elem):
-    """Elements saturated, on the grid, and the nearest-even rounding of x / scale."""
+def _check_elements(q, x, s_full, elem, ignore=None):
+    """Elements saturated, on the grid, and the nearest-even rounding of x / scale; elements where `ignore` is True
+    (a block whose scale underflowed to 0, so every element dequantises to 0 whatever it holds) are not judged."""
+    if ignore is not None and bool(ignore.any()):
+        q = torch.where(ignore, torch.zeros_like(q), q)
+        x = torch.where(ignore, torch.zeros_like(x), x)
     over = q.abs() > elem.max
     if bool(over.any()) or not bool(torch.isfinite(q).all()):
         idx = tuple(int(i) for i in torch.nonzero(over | ~torch.isfinite(q))[0])
@@ -301,22 +259,22 @@ def _expect_refusal(fn, what, *args):
 
 # ---------------------------------------------------------------------------------------------- 5.3
 @checker("5.3", "DeepSeek-V3 fine-grained FP8 (1x128 tiles, 128x128 blocks)")
-@_seeded
-def check_quantize_fp8_blockwise(quantize_fp8_blockwise, seed):
+@replayable
+def check_quantize_fp8_blockwise(quantize_fp8_blockwise, cases):
     """quantize_fp8_blockwise(x, block=(bm, bk)) -> (q, scale): q E4M3 values of x's shape, scale FP32 amax/448
     per block with shape (M/bm, K/bk); raises ValueError when the block does not tile x (in either axis)."""
-    gen, rng = _gen(seed), random.Random(seed)
-    cases = [((1, 128), 128, 384, True), ((128, 128), 256, 128, True), ((2, 64), 64, 256, True),
-             ((1, 128), 128, 128 * rng.randint(2, 3), False),
-             ((128, 128), 128 * rng.randint(1, 2), 128 * rng.randint(1, 2), False)]
+    gen, rng = cases.gen, cases.rng
+    cases_ = [((1, 128), 128, 384, True), ((128, 128), 256, 128, True), ((2, 64), 64, 256, True),
+              ((1, 128), 128, 128 * rng.randint(2, 3), False),
+              ((128, 128), 128 * rng.randint(1, 2), 128 * rng.randint(1, 2), False)]
     used = set()
-    for block, M, K, with_zero in cases:
+    for block, M, K, with_zero in cases_:
         x = _rand_tensor(M, K, gen)
         if with_zero:
             x = _with_zero_block(x, *block)
         ref = lowp.quantize(x, lowp.e4m3, block, "fp32")
-        out = _call(quantize_fp8_blockwise, f"quantize_fp8_blockwise(x of shape {(M, K)}, block={block})",
-                    x.clone(), block, exercise="5.3", used=used)
+        out = learner_call(quantize_fp8_blockwise, (x.clone(), block),
+                           f"quantize_fp8_blockwise(x of shape {(M, K)}, block={block})", _REFERENCES["5.3"], used)
         if isinstance(out, (tuple, list)) and len(out) == 2:
             s = _as_tensor(out[1], "scale")
             if s.shape == ref.scale.shape and torch.allclose(s, 1 / ref.scale, rtol=1e-5):
@@ -337,21 +295,21 @@ def check_quantize_fp8_blockwise(quantize_fp8_blockwise, seed):
 
 # ---------------------------------------------------------------------------------------------- 5.4
 @checker("5.4", "MX block scaling (E8M0 power-of-two scale)")
-@_seeded
-def check_mx_quantize(mx_quantize, seed):
+@replayable
+def check_mx_quantize(mx_quantize, cases):
     """mx_quantize(x, elem, block=32) -> (q, scale): scale = 2^(floor(log2 amax) - elem.emax) per 1 x block tile,
     q = x / scale rounded to elem (nearest-even) and saturated."""
-    gen, rng, used = _gen(seed), random.Random(seed), set()
-    cases = [(lowp.e2m1, 32, 64, 96, True), (lowp.e4m3, 32, 2, 64, True), (lowp.e5m2, 32, 2, 64, False),
-             (lowp.e2m1, 16, 2, 48, True), (lowp.e4m3, 64, 2, 128, False),
-             (rng.choice([lowp.e2m1, lowp.e4m3]), 32, 32 * rng.randint(1, 3), 32 * rng.randint(2, 6), False)]
-    for elem, block, M, K, with_zero in cases:
+    gen, rng, used = cases.gen, cases.rng, set()
+    cases_ = [(lowp.e2m1, 32, 64, 96, True), (lowp.e4m3, 32, 2, 64, True), (lowp.e5m2, 32, 2, 64, False),
+              (lowp.e2m1, 16, 2, 48, True), (lowp.e4m3, 64, 2, 128, False),
+              (rng.choice([lowp.e2m1, lowp.e4m3]), 32, 32 * rng.randint(1, 3), 32 * rng.randint(2, 6), False)]
+    for elem, block, M, K, with_zero in cases_:
         x = _rand_tensor(M, K, gen)
         if with_zero:
             x = _with_zero_block(x, 1, block)
         ref = lowp.quantize(x, elem, (1, block), "e8m0")
         what = f"mx_quantize(x of shape {(M, K)}, {elem.name}, block={block})"
-        out = _call(mx_quantize, what, x.clone(), elem, block, exercise="5.4", used=used)
+        out = learner_call(mx_quantize, (x.clone(), elem, block), what, _REFERENCES["5.4"], used)
         q, s = _check_blockwise(what, out, x, 1, block, elem, ref.scale, "e8m0")
         not_pow2 = ~lowp.is_power_of_two(s)
         if bool(not_pow2.any()):
@@ -378,11 +336,11 @@ def check_mx_quantize(mx_quantize, seed):
 
 # ---------------------------------------------------------------------------------------------- 5.5
 @checker("5.5", "NVFP4 two-level scaling")
-@_seeded
-def check_nvfp4_quantize(nvfp4_quantize, seed):
+@replayable
+def check_nvfp4_quantize(nvfp4_quantize, cases):
     """nvfp4_quantize(x) -> (q, block_scale, tensor_scale): tensor_scale = amax / (6 * 448) in FP32; block_scale
     = E4M3 rounding of block_amax / 6 / tensor_scale per 1x16 tile; q = x / (block_scale * tensor_scale) in E2M1."""
-    gen, rng, used = _gen(seed), random.Random(seed), set()
+    gen, rng, used = cases.gen, cases.rng, set()
     for magnitude, M, K, with_zero in [(1.0, 3, 64, True), (1e4, 2, 96, False), (1e-3, 4, 32, True),
                                        (1.0, rng.randint(2, 6), 32 * rng.randint(1, 4), False)]:
         x = _rand_tensor(M, K, gen) * magnitude
@@ -390,7 +348,8 @@ def check_nvfp4_quantize(nvfp4_quantize, seed):
             x = _with_zero_block(x, 1, 16)
         ref = lowp.quantize(x, lowp.e2m1, (1, 16), "e4m3", tensor_scale=True)
         what = f"nvfp4_quantize(x of shape {(M, K)}, amax {float(x.abs().max()):.4g})"
-        q, bs, ts = _unpack(_call(nvfp4_quantize, what, x.clone(), exercise="5.5", used=used), 3, "nvfp4_quantize")
+        q, bs, ts = _unpack(learner_call(nvfp4_quantize, (x.clone(),), what, _REFERENCES["5.5"], used), 3,
+                           "nvfp4_quantize")
         bs = _as_tensor(bs, "block_scale")
         try:
             ts = float(ts)
@@ -413,7 +372,7 @@ def check_nvfp4_quantize(nvfp4_quantize, seed):
         expect_close(bs, ref.block_scale, f"{what}: block_scale (E4M3 of block_amax / 6 / tensor_scale)", rtol=0,
                      atol=0)
         s_full = _expand(bs * ts, 1, 16)
-        _check_elements(q, x, torch.where(s_full > 0, s_full, torch.ones_like(s_full)), lowp.e2m1)
+        _check_elements(q, x, torch.where(s_full > 0, s_full, torch.ones_like(s_full)), lowp.e2m1, ignore=s_full == 0)
     _refuse_references(used, "compute the two levels of scales")
     return ("tensor scale, E4M3 block scales per 16 elements and E2M1 elements right for amax from 1e-3 to 1e4; "
             "all-zero blocks give q = 0, not NaN")
@@ -421,16 +380,16 @@ def check_nvfp4_quantize(nvfp4_quantize, seed):
 
 # ---------------------------------------------------------------------------------------------- 5.6
 @checker("5.6", "accumulate with promotion to FP32")
-@_seeded
-def check_promoted_sum(promoted_sum, seed):
+@replayable
+def check_promoted_sum(promoted_sum, cases):
     """promoted_sum(products, acc_bits, promote_every) -> sums (batch,), the limited accumulator added into an FP32
     total every `promote_every` products and restarted; rounding via lowp.round_significand (truncate)."""
-    rng, used = np.random.default_rng(seed), set()
+    rng, used = np.random.default_rng(cases.seed), set()
     for acc_bits, every, K in [(14, 128, 1000), (10, 32, 300), (12, 64, int(rng.integers(200, 700)))]:
         p = rng.standard_normal((8, K)) * np.exp(rng.standard_normal((8, 1)))
         ref = lowp.accumulate(p, acc_bits, every)
         what = f"promoted_sum(products of shape {p.shape}, acc_bits={acc_bits}, promote_every={every})"
-        got = _call(promoted_sum, what, p.copy(), acc_bits, every, exercise="5.6", used=used)
+        got = learner_call(promoted_sum, (p.copy(), acc_bits, every), what, _REFERENCES["5.6"], used)
         expect(got is not None, f"{what} returned None -- return the sums")
         try:
             got = np.asarray(got, dtype=np.float64)
@@ -461,14 +420,15 @@ def check_promoted_sum(promoted_sum, seed):
 
 # ---------------------------------------------------------------------------------------------- 5.7
 @checker("5.7", "bytes per parameter with scale overhead")
-@_seeded
-def check_bytes_per_param(bytes_per_param, seed):
+@replayable
+def check_bytes_per_param(bytes_per_param, cases):
     """bytes_per_param(elem_bits, scale_bits, block_elems) -> bytes per element, scales included."""
-    rng, used = random.Random(seed), set()
-    cases = [(8, 8, 32), (4, 8, 32), (4, 8, 16), (8, 32, 128), (8, 32, 16384), (6, 16, 64)] + [
+    rng, used = cases.rng, set()
+    cases_ = [(8, 8, 32), (4, 8, 32), (4, 8, 16), (8, 32, 128), (8, 32, 16384), (6, 16, 64)] + [
         (rng.choice([4, 6, 8, 16]), rng.choice([8, 16, 32]), rng.choice([16, 32, 64, 128])) for _ in range(4)]
-    for e, s, b in cases:
-        got = _call(bytes_per_param, f"bytes_per_param({e}, {s}, {b})", e, s, b, exercise="5.7", used=used)
+    for e, s, b in cases_:
+        got = learner_call(bytes_per_param, (e, s, b), f"bytes_per_param({e}, {s}, {b})", _REFERENCES["5.7"],
+                           used)
         expected = lowp.bytes_per_param(e, s, b)
         if near(got, e / 8, 1e-9):
             fail(f"bytes_per_param({e}, {s}, {b}) = {got:g} leaves out the scale: one {s}-bit scale per {b} "
@@ -523,18 +483,18 @@ def _fine_grained_mistakes(xq, xs, wq, ws):
 
 
 @checker("5.8", "fine-grained FP8 GEMM with per-K-block promotion")
-@_seeded
-def check_fine_grained_gemm(fine_grained_gemm, seed):
+@replayable
+def check_fine_grained_gemm(fine_grained_gemm, cases):
     """fine_grained_gemm(xq, xs, wq, ws) -> y (M, N) = x @ w.T: xq (M, K) and wq (N, K) float8_e4m3fn, xs (M, K/128)
     activation-tile scales, ws (N/128, K/128) weight-block scales; per K-block the FP8 product times xs[:, k] and
     ws[n // 128, k], summed in FP32."""
-    gen, rng, used = _gen(seed), random.Random(seed), set()
-    cases = [(3, 256, 256), (5, 256, 384), (rng.randint(1, 40), 128 * rng.randint(1, 3), 128 * rng.randint(1, 4))]
-    for M, N, K in cases:
+    gen, rng, used = cases.gen, cases.rng, set()
+    cases_ = [(3, 256, 256), (5, 256, 384), (rng.randint(1, 40), 128 * rng.randint(1, 3), 128 * rng.randint(1, 4))]
+    for M, N, K in cases_:
         xq, xs, wq, ws = _fine_grained_case(M, N, K, gen)
         args = (xq.clone(), xs.clone(), wq.clone(), ws.clone())
         what = f"fine_grained_gemm(xq {tuple(xq.shape)}, xs {tuple(xs.shape)}, wq {tuple(wq.shape)}, ws {tuple(ws.shape)})"
-        got = _call(fine_grained_gemm, what, *args, exercise="5.8", used=used)
+        got = learner_call(fine_grained_gemm, args, what, _REFERENCES["5.8"], used)
         for name, a, b in zip(("xq", "xs", "wq", "ws"), args, (xq, xs, wq, ws)):
             expect(torch.equal(a.view(torch.uint8) if a.dtype == scaled_gemm.FP8 else a,
                                b.view(torch.uint8) if b.dtype == scaled_gemm.FP8 else b),

@@ -3,7 +3,6 @@ auxiliary-loss-free bias update, nodes per token, and EPLB's replication."""
 from __future__ import annotations
 
 import math
-import random
 
 import torch
 
@@ -83,7 +82,7 @@ def check_deepseek_gate(deepseek_gate):
                 f", bias around {shift}" if shift else "")
             call = f"deepseek_gate(logits [{t}, {e}], bias [{e}], {k}, {ng}, {tg}, {scale})"
             lg, bs = logits.clone(), bias.clone()
-            got = learner_call(deepseek_gate, (lg, bs, k, ng, tg, scale), call, references=((moe, "deepseek_v3_gate"),))
+            got = learner_call(deepseek_gate, (lg, bs, k, ng, tg, scale), call, references=(moe.deepseek_v3_gate,))
             expect(torch.equal(lg, logits) and torch.equal(bs, bias),
                    f"{call}: your gate modified its input `{'logits' if not torch.equal(lg, logits) else 'bias'}` "
                    f"in place (e.g. sigmoid_ or +=); the router's logits and bias are still needed by the caller")
@@ -185,7 +184,7 @@ def check_moe_layer_sorted(moe_layer_sorted):
             xs, ws, ids = x.clone(), w.clone(), i.clone()
             got = learner_call(moe_layer_sorted, (xs, ws, ids, counting),
                                f"moe_layer_sorted(x [{t}, {h}], weights [{t}, {k}], indices [{t}, {k}], experts)",
-                               references=((moe, "moe_grouped"),))
+                               references=(moe.moe_grouped,))
             expect(got is not None, "moe_layer_sorted returned None -- return the [T, H] output")
             for name, before, after in (("x", x, xs), ("weights", w, ws), ("indices", i, ids)):
                 expect(torch.equal(before, after), f"{args}: your layer modified its input `{name}` in place; "
@@ -279,7 +278,7 @@ def check_expected_nodes(expected_nodes):
                   (n * m, rng.randint(1, n * m), n)]
         for e, k, n in cases_:
             call = f"expected_nodes({e}, {k}, {n})"
-            got = learner_call(expected_nodes, (e, k, n), call, references=((moe, "expected_distinct_nodes"),))
+            got = learner_call(expected_nodes, (e, k, n), call, references=(moe.expected_distinct_nodes,))
             ref = moe.expected_distinct_nodes(e, k, n)
             with_replacement = n * (1 - (1 - 1 / n) ** k)
             if abs(ref - with_replacement) > 1e-6 and _near(got, with_replacement):
@@ -324,7 +323,7 @@ def check_replica_counts(replica_counts):
             cases_.append(((torch.rand(e, generator=gen) ** 3 * 1000).round() + 1, e + rng.randint(0, 2 * e)))
         for load, r in cases_:
             args = f"replica_counts(load of {len(load)} experts, num_replicas={r})"
-            got = learner_call(replica_counts, (load.clone(), r), args, references=((eplb, "replicate_experts"),))
+            got = learner_call(replica_counts, (load.clone(), r), args, references=(eplb.replicate_experts,))
             expect(got is not None, "replica_counts returned None -- return the count per expert")
             try:
                 got = [int(v) for v in torch.as_tensor(got).reshape(-1).tolist()]

@@ -1,13 +1,12 @@
 """Checkers for lab 07 (collectives): all-reduce cost formulas, nccl-tests bus factors, the alpha/beta fit."""
 from __future__ import annotations
 
-import contextlib
 import math
 import random
-import sys
 
 from common import collectives as C
 from common.checks import checker, expect, expect_close, fail
+from common.exercises.cases import as_number, learner_call, replayable
 
 
 def _close(a, b, rtol=1e-6) -> bool:
@@ -20,48 +19,23 @@ def _close(a, b, rtol=1e-6) -> bool:
 _RD_NAME = "recursive_doubling"
 
 
-@contextlib.contextmanager
-def _calls_to(*functions):
-    """Record which of `functions` run inside the block (by code object, so any import path is seen)."""
-    codes = {f.__code__: f"{f.__module__}.{f.__name__}" for f in functions}
-    seen: list = []
-    before = sys.getprofile()
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code in codes:
-            seen.append(codes[frame.f_code])
-    sys.setprofile(profile)
-    try:
-        yield seen
-    finally:
-        sys.setprofile(before)
-
-
-def _no_reference(seen: list, what: str) -> None:
-    if seen:
-        fail(f"{what} called the reference {seen[0]}: this exercise is to write it yourself")
-
-
 @checker("7.1", "all-reduce cost formulas: ring, tree, recursive doubling")
-def check_allreduce_time(allreduce_time):
+@replayable
+def check_allreduce_time(allreduce_time, cases):
     """allreduce_time(algorithm, n_bytes, p, alpha, bandwidth) -> seconds, for "ring", "tree", "recursive_doubling"."""
-    seed = random.randrange(2**31)
-    rng = random.Random(seed)
+    rng = cases.rng
     # fixed cases first: p = 8 (no factor equals 1), p = 6 (not a power of two), p = 2, p = 1; then random ones
-    cases = [(2**20, 8, 5e-6, 100e9), (2**30, 6, 3e-6, 450e9), (1000, 2, 1e-6, 1e9), (64, 1, 5e-6, 1e9)]
-    cases += [(rng.randint(1, 2**31), rng.randint(2, 64), rng.uniform(1e-7, 2e-5), rng.uniform(1e9, 9e11))
+    cases_ = [(2**20, 8, 5e-6, 100e9), (2**30, 6, 3e-6, 450e9), (1000, 2, 1e-6, 1e9), (64, 1, 5e-6, 1e9)]
+    cases_ += [(rng.randint(1, 2**31), rng.randint(2, 64), rng.uniform(1e-7, 2e-5), rng.uniform(1e9, 9e11))
               for _ in range(6)]
     for algorithm in ("ring", "tree", _RD_NAME):
-        for i, (n, p, alpha, bw) in enumerate(cases):
+        for i, (n, p, alpha, bw) in enumerate(cases_):
             expected = C.allreduce_time(algorithm, n, p, alpha, bw)
-            with _calls_to(C.allreduce_time, *C._ALLREDUCE.values(), C.collective_time) as seen:
-                got = allreduce_time(algorithm, n, p, alpha, bw)
-            _no_reference(seen, "allreduce_time")
             where = (f"allreduce_time({algorithm!r}, n_bytes={n}, p={p}, alpha={alpha:.3g}, bandwidth={bw:.3g})"
-                     + (f" [random case, checker seed {seed}]" if i >= 4 else ""))
-            expect(got is not None, f"{where} returned None -- return seconds")
-            if isinstance(got, bool) or not isinstance(got, (int, float)) and not hasattr(got, "__float__"):
-                fail(f"{where} returned {type(got).__name__} {got!r}; expected a number of seconds")
+                     + cases.tag(i >= 4))
+            got = as_number(learner_call(allreduce_time, (algorithm, n, p, alpha, bw), where,
+                                         (C.allreduce_time, *C._ALLREDUCE.values(), C.collective_time)),
+                            where, "a number of seconds")
             if _close(got, expected, 1e-6):
                 continue
             if p == 1:
@@ -96,7 +70,7 @@ def check_allreduce_time(allreduce_time):
     ring_b, rd_b = allreduce_time("ring", big, 64, 5e-6, 100e9), allreduce_time(_RD_NAME, big, 64, 5e-6, 100e9)
     expect(rd_s < ring_s and ring_b < rd_b, "over 64 ranks recursive doubling should win for 1 KiB (fewer steps) and "
                                             "the ring for 1 GiB (fewer bytes per rank)")
-    return (f"ring, tree and recursive doubling right for {len(cases)} cases each; latency-optimal wins small "
+    return (f"ring, tree and recursive doubling right for {len(cases_)} cases each; latency-optimal wins small "
             f"messages, the ring wins large ones")
 
 
@@ -104,22 +78,17 @@ _FACTOR_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all
 
 
 @checker("7.2", "nccl-tests bus factors")
-def check_bus_factor(bus_factor):
+@replayable
+def check_bus_factor(bus_factor, cases):
     """bus_factor(collective, p) -> busbw / algbw as nccl-tests define it."""
-    seed = random.randrange(2**31)
-    rng = random.Random(seed)
+    rng = cases.rng
     # p = 8 first: at p = 2 the all-reduce factor is 1 (= broadcast's, = 1/itself) and hides several mistakes
     ps = [8, 3, 2] + [rng.randint(2, 1024) for _ in range(4)]
     for coll in _FACTOR_COLLECTIVES:
         for i, p in enumerate(ps):
-            with _calls_to(C.bus_factor) as seen:
-                got = bus_factor(coll, p)
-            _no_reference(seen, "bus_factor")
             expected = C.bus_factor(coll, p)
-            where = f"bus_factor({coll!r}, p={p})" + (f" [random case, checker seed {seed}]" if i >= 3 else "")
-            expect(got is not None, f"{where} returned None -- return the factor")
-            if isinstance(got, bool) or not isinstance(got, (int, float)) and not hasattr(got, "__float__"):
-                fail(f"{where} returned {type(got).__name__} {got!r}; expected a number")
+            where = f"bus_factor({coll!r}, p={p})" + cases.tag(i >= 3)
+            got = as_number(learner_call(bus_factor, (coll, p), where, (C.bus_factor,)), where, "a number (the factor)")
             if _close(got, expected, 1e-9):
                 continue
             if coll == "all_reduce" and p != 2 and _close(got, 1.0):
@@ -162,11 +131,11 @@ def _absolute_fit(sizes, times, p):
 
 
 @checker("7.3", "fit alpha and bandwidth by least squares")
-def check_fit_alpha_beta(fit_alpha_beta):
+@replayable
+def check_fit_alpha_beta(fit_alpha_beta, cases):
     """fit_alpha_beta(sizes_bytes, seconds, p) -> (alpha_s, bandwidth_Bps) of a ring all-reduce, relative least
     squares."""
-    seed = random.randrange(2**31)
-    rng = random.Random(seed)
+    rng = cases.rng
     # exact data first: any correct fit recovers the parameters; a fixed case (p = 6: 2(p-1) = 10 steps, bus factor
     # 5/3, neither 1 nor 2), then random ones
     fixed = (6, 20e-6, 10e9, [2**k for k in range(8, 31, 2)])
@@ -176,14 +145,13 @@ def check_fit_alpha_beta(fit_alpha_beta):
             times = [C.ring_allreduce_time(n, p, alpha, bw) for n in sizes]
         else:
             p, alpha, bw, sizes, times = _synthetic(rng, 0.0)
-        with _calls_to(C.fit_alpha_beta) as seen:
-            got = fit_alpha_beta(sizes, times, p)
-        _no_reference(seen, "fit_alpha_beta")
+        got = learner_call(fit_alpha_beta, (sizes, times, p), f"fit_alpha_beta(sizes, times, p={p})",
+                           (C.fit_alpha_beta,))
         expect(isinstance(got, (tuple, list)) and len(got) == 2,
                f"fit_alpha_beta must return (alpha_seconds, bandwidth_bytes_per_s), got {got!r}")
         a, b = float(got[0]), float(got[1])
         where = (f"noise-free times of a ring all-reduce over p={p} (alpha={alpha:.3g} s, bandwidth={bw:.3g} B/s)"
-                 + (f" [checker seed {seed}]" if j else ""))
+                 + cases.tag(j > 0))
         if _close(a, alpha, 1e-4) and _close(b, bw, 1e-4):
             continue
         if _close(a, 2 * (p - 1) * alpha, 1e-4):
@@ -200,9 +168,10 @@ def check_fit_alpha_beta(fit_alpha_beta):
     for _ in range(3):
         p, alpha, bw, sizes, times = _synthetic(rng, 0.05)
         ref = C.fit_alpha_beta(sizes, times, p)
-        got = fit_alpha_beta(sizes, times, p)
+        got = learner_call(fit_alpha_beta, (sizes, times, p), f"fit_alpha_beta(sizes, times, p={p})",
+                           (C.fit_alpha_beta,))
         a, b = float(got[0]), float(got[1])
-        where = f"times with 5% noise, p={p} [checker seed {seed}]"
+        where = f"times with 5% noise, p={p}{cases.tag(True)}"
         ab_alpha, ab_bw = _absolute_fit(sizes, times, p)
         right = _close(a, ref.alpha_s, 1e-4) and _close(b, ref.bandwidth_Bps, 1e-4)
         if not right and _close(a, ab_alpha, 1e-6) and _close(b, ab_bw, 1e-6):
@@ -259,31 +228,29 @@ def _count_mistakes(indices, num_experts, world, g, rank):
 
 
 @checker("7.4", "send counts of the node-aware expert-parallel dispatch")
-def check_send_counts(send_counts):
+@replayable
+def check_send_counts(send_counts, cases):
     """send_counts(indices, num_experts, world_size, ranks_per_node, rank) -> list of world_size ints: the rows this
     rank sends to each rank in the node-aware dispatch's first hop."""
     import torch
     from common import expert_parallel as EP
-    seed = random.randrange(2**31)
-    rng = random.Random(seed)
+    rng = cases.rng
     # fixed, asymmetric cases first (several ranks per node, a rank that is not local 0, unequal node loads), then
     # random ones with a fresh seed (printed in a failure)
-    cases = [(8, 4, 5, 32, 4, 12, 11), (6, 2, 3, 24, 3, 10, 12), (12, 3, 7, 36, 5, 9, 13), (4, 1, 2, 16, 4, 7, 14)]
+    cases_ = [(8, 4, 5, 32, 4, 12, 11), (6, 2, 3, 24, 3, 10, 12), (12, 3, 7, 36, 5, 9, 13), (4, 1, 2, 16, 4, 7, 14)]
     for _ in range(3):
         g = rng.choice([1, 2, 4])
         world = g * rng.randint(2, 4)
         epr = rng.randint(1, 4)
         e = world * epr
-        cases.append((world, g, rng.randrange(world), e, rng.randint(1, min(8, e)), rng.randint(1, 40),
+        cases_.append((world, g, rng.randrange(world), e, rng.randint(1, min(8, e)), rng.randint(1, 40),
                       rng.randrange(2**31)))
-    for i, (world, g, rank, e, k, tokens, s) in enumerate(cases):
+    for i, (world, g, rank, e, k, tokens, s) in enumerate(cases_):
         indices = _routing(s, tokens, e, k)
         before = indices.clone()
         where = (f"send_counts(indices [{tokens} tokens x top-{k}], num_experts={e}, world_size={world}, "
-                 f"ranks_per_node={g}, rank={rank})" + (f" [random case, checker seed {seed}]" if i >= 4 else ""))
-        with _calls_to(EP.node_send_counts) as seen:
-            got = send_counts(indices, e, world, g, rank)
-        _no_reference(seen, "send_counts")
+                 f"ranks_per_node={g}, rank={rank})" + cases.tag(i >= 4))
+        got = learner_call(send_counts, (indices, e, world, g, rank), where, (EP.node_send_counts,))
         expect(torch.equal(indices, before), f"{where} modified `indices`; read it, do not change it")
         try:
             got_list = [int(v) for v in (got.tolist() if hasattr(got, "tolist") else got)]
@@ -308,5 +275,5 @@ def check_send_counts(send_counts):
         bad = next(d for d in range(world) if got_list[d] != right[d])
         fail(f"{where} = {got_list}, expected {right}: first wrong destination rank {bad} (got {got_list[bad]}, "
              f"expected {right[bad]}); copies go to rank node * ranks_per_node + (rank % ranks_per_node)")
-    return (f"node-aware send counts right on {len(cases)} cases (1-4 ranks per node): one copy per (token, node), "
+    return (f"node-aware send counts right on {len(cases_)} cases (1-4 ranks per node): one copy per (token, node), "
             f"to the rank with your local index there")

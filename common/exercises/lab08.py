@@ -1,21 +1,9 @@
 """Checkers for lab 08 (pipeline schedules and DualPipe): the 1F1B order, bubble formulas, DualPipe's stage pairs."""
 from __future__ import annotations
 
-import numbers
-import random
-
 from common import pipeline
-from common.checks import CheckFailed, checker, expect, expect_close, expect_equal, fail
-
-
-def _run_seeded(check, answer):
-    """Run `check(answer, rng)` with a fresh seed per call (random cases cannot be memorised); a failure names the
-    seed so that it can be reproduced."""
-    seed = random.randrange(2**31)
-    try:
-        return check(answer, random.Random(seed))
-    except CheckFailed as exc:
-        raise CheckFailed(f"{exc} [random cases drawn with seed {seed}]") from None
+from common.checks import checker, expect, expect_close, expect_equal, fail
+from common.exercises.cases import as_number, learner_call, replayable
 
 
 def _one_f_one_b_cases(rng):
@@ -29,15 +17,16 @@ def _one_f_one_b_cases(rng):
 
 
 @checker("8.1", "the 1F1B order of one stage")
-def check_one_f_one_b_order(one_f_one_b_order):
+@replayable
+def check_one_f_one_b_order(one_f_one_b_order, cases):
     """one_f_one_b_order(pp, micro_batches, stage) -> [("F", j) or ("B", j), ...] in the order the stage runs them."""
-    return _run_seeded(_check_one_f_one_b, one_f_one_b_order)
+    return _check_one_f_one_b(one_f_one_b_order, cases.rng)
 
 
 def _check_one_f_one_b(one_f_one_b_order, rng):
     cases = _one_f_one_b_cases(rng)
     for pp, m, s in cases:
-        got = one_f_one_b_order(pp, m, s)
+        got = learner_call(one_f_one_b_order, (pp, m, s), f"one_f_one_b_order({pp}, {m}, {s})")
         expect(isinstance(got, (list, tuple)), f"one_f_one_b_order({pp}, {m}, {s}) returned {type(got).__name__}; "
                                                f"return a list of ('F', j) / ('B', j) pairs")
         bad = [x for x in got if not (isinstance(x, (list, tuple)) and len(x) == 2)]
@@ -85,9 +74,10 @@ def _bubble_reference(name, pp, F, B, W, FB):
 
 
 @checker("8.2", "bubble per device by formula")
-def check_bubble(bubble):
+@replayable
+def check_bubble(bubble, cases):
     """bubble(schedule, pp, F, B, W, FB) -> idle time per device for "gpipe", "1f1b", "zb1p", "dualpipe"."""
-    return _run_seeded(_check_bubble, bubble)
+    return _check_bubble(bubble, cases.rng)
 
 
 def _check_bubble(bubble, rng):
@@ -106,13 +96,10 @@ def _check_bubble(bubble, rng):
         FB = round(rng.uniform(max(F, B), F + B), 3)
         cases.append((rng.choice(pipeline.SCHEDULES), pp, F, B, W, FB))
     for name, pp, F, B, W, FB in cases:
-        got = bubble(name, pp, F, B, W, FB)
         expected = _bubble_reference(name, pp, F, B, W, FB)
         what = f"bubble({name!r}, pp={pp}, F={F}, B={B}, W={W}, FB={FB})"
-        if got is None:
-            fail(f"{what}: got None -- return the bubble")
-        if isinstance(got, bool) or not isinstance(got, numbers.Real):
-            fail(f"{what}: expected a number (the idle time per device), got {got!r} of type {type(got).__name__}")
+        got = as_number(learner_call(bubble, (name, pp, F, B, W, FB), what), what,
+                        "a number (the idle time per device)")
         if name == "dualpipe" and abs(got - (pp // 2 - 1) * (F + B + B - 3 * W)) < 1e-9 and abs(FB - F - B) > 1e-9 \
                 and pp > 2:
             fail(f"{what} = {got:.6g}: that uses F + B for the overlapped pair; DualPipe's formula uses F&B (FB = {FB}), "
@@ -134,17 +121,18 @@ def _check_bubble(bubble, rng):
 
 
 @checker("8.3", "pair stages for DualPipe")
-def check_dualpipe_pairs(dualpipe_pairs):
+@replayable
+def check_dualpipe_pairs(dualpipe_pairs, cases):
     """dualpipe_pairs(pp) -> [(stage of the forward-direction pipeline, stage of the reverse one) for each rank];
     ValueError for an odd pp."""
-    return _run_seeded(_check_dualpipe_pairs, dualpipe_pairs)
+    return _check_dualpipe_pairs(dualpipe_pairs, cases.rng)
 
 
 def _check_dualpipe_pairs(dualpipe_pairs, rng):
     sizes = [4, 8, 2, 6] + [2 * rng.randint(3, 32) for _ in range(4)]
     for pp in sizes:
-        got = dualpipe_pairs(pp)
         what = f"dualpipe_pairs({pp})"
+        got = learner_call(dualpipe_pairs, (pp,), what)
         expect(isinstance(got, (list, tuple)) and len(got) == pp,
                f"{what}: expected a list of one pair per rank ({pp} pairs), got "
                f"{got!r}" if not isinstance(got, (list, tuple)) else f"{what}: expected one pair per rank ({pp} "

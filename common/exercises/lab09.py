@@ -2,70 +2,25 @@
 parallelism layout, all-to-all time inside vs across the NVLink domain."""
 from __future__ import annotations
 
-import numbers
-import random
-
 from common import topology
-from common.checks import checker, near, expect, expect_close, fail
+from common.checks import checker, near, expect, expect_close
+from common.exercises.cases import as_number, learner_call, replayable
 
-
-def number(got, where: str) -> float:
-    """The learner's result as a float, or a verdict naming the call, what was expected and what came back."""
-    if got is None:
-        fail(f"{where} returned None -- return one number")
-    if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        fail(f"{where} returned {type(got).__name__} {got!r}; expected one number (a float)")
-    return float(got)
-
-
-def seeded():
-    """A fresh seed per call (random cases cannot be memorised) and its generator; failures print the seed."""
-    seed = random.SystemRandom().randrange(10 ** 6)
-    return seed, random.Random(seed)
-
-
-class calls_to:
-    """Context manager: record calls the learner's code makes to `module.name` (the reference an exercise asks
-    them to write); `.made` is True when it was called. The reference still answers, so nothing crashes."""
-
-    def __init__(self, module, name: str):
-        self.module, self.name, self.made = module, name, False
-
-    def __enter__(self):
-        self.original = getattr(self.module, self.name)
-
-        def spy(*args, **kwargs):
-            self.made = True
-            return self.original(*args, **kwargs)
-        setattr(self.module, self.name, spy)
-        return self
-
-    def __exit__(self, *exc):
-        setattr(self.module, self.name, self.original)
-        return False
-
-    def verdict(self, exercise_fn: str) -> None:
-        if self.made:
-            fail(f"{exercise_fn} called {self.module.__name__}.{self.name}, the reference this exercise asks you to "
-                 f"write; compute it yourself")
-
-
-def _tag(is_random: bool, seed: int) -> str:
-    return f" [random case, seed {seed}]" if is_random else ""
+NUMBER = "one number (a float)"
 
 
 @checker("9.1", "rack aggregate NVLink bandwidth")
-def check_aggregate_nvlink(aggregate_nvlink_tbs):
+@replayable
+def check_aggregate_nvlink(aggregate_nvlink_tbs, cases):
     """aggregate_nvlink_tbs(gpus, per_gpu_gbs) -> TB/s, the sum of the per-GPU (bidirectional) figures."""
-    seed, rng = seeded()
-    cases = [(72, 1800, False), (8, 900, False), (8, 400, False), (576, 1800, False)] + [
+    rng = cases.rng
+    cases_ = [(72, 1800, False), (8, 900, False), (8, 400, False), (576, 1800, False)] + [
         (rng.randint(2, 600), rng.choice([400, 600, 900, 1800, rng.uniform(100, 3600)]), True) for _ in range(5)]
-    for gpus, per_gpu, is_random in cases:
+    for gpus, per_gpu, is_random in cases_:
         expected = gpus * per_gpu / 1e3
-        with calls_to(topology, "aggregate_nvlink_tbs") as spy:
-            got = number(aggregate_nvlink_tbs(gpus, per_gpu),
-                         f"aggregate_nvlink_tbs({gpus}, {per_gpu:.6g}){_tag(is_random, seed)}")
-        spy.verdict("aggregate_nvlink_tbs")
+        where = f"aggregate_nvlink_tbs({gpus}, {per_gpu:.6g}){cases.tag(is_random)}"
+        got = as_number(learner_call(aggregate_nvlink_tbs, (gpus, per_gpu), where, (topology.aggregate_nvlink_tbs,)),
+                        where, NUMBER)
         if near(got, expected * 1e3):
             expect(False, f"aggregate_nvlink_tbs({gpus}, {per_gpu}) = {got:.6g}: that is GB/s; the answer is in "
                           f"TB/s (1 TB/s = 1000 GB/s), so expected {expected:.6g}")
@@ -75,22 +30,21 @@ def check_aggregate_nvlink(aggregate_nvlink_tbs):
         if near(got, per_gpu / 1e3) and gpus > 1:
             expect(False, f"aggregate_nvlink_tbs({gpus}, {per_gpu}) = {got:.6g}: that is one GPU's figure -- "
                           f"multiply by the number of GPUs")
-        expect_close(got, expected, f"aggregate_nvlink_tbs({gpus}, {per_gpu:.6g}){_tag(is_random, seed)}", rtol=1e-9)
-    return f"right for {len(cases)} racks and nodes (NVL72: 72 x 1.8 TB/s = 129.6 TB/s)"
+        expect_close(got, expected, f"aggregate_nvlink_tbs({gpus}, {per_gpu:.6g}){cases.tag(is_random)}", rtol=1e-9)
+    return f"right for {len(cases_)} racks and nodes (NVL72: 72 x 1.8 TB/s = 129.6 TB/s)"
 
 
 @checker("9.2", "dense vs sparse rack FLOPs")
-def check_rack_pflops(rack_pflops):
+@replayable
+def check_rack_pflops(rack_pflops, cases):
     """rack_pflops(gpus, per_gpu_sparse_tflops, sparse) -> PFLOP/s of the rack, dense when sparse is False."""
-    seed, rng = seeded()
-    cases = [(72, 20000, True, False), (72, 20000, False, False), (8, 3958, False, False), (8, 3958, True, False)] + [
+    rng = cases.rng
+    cases_ = [(72, 20000, True, False), (72, 20000, False, False), (8, 3958, False, False), (8, 3958, True, False)] + [
         (rng.randint(1, 600), rng.uniform(500, 40000), rng.random() < 0.5, True) for _ in range(6)]
-    for gpus, sparse_tflops, sparse, is_random in cases:
+    for gpus, sparse_tflops, sparse, is_random in cases_:
         expected = gpus * sparse_tflops / 1e3 / (1 if sparse else 2)
-        where = f"rack_pflops({gpus}, {sparse_tflops:.6g}, sparse={sparse}){_tag(is_random, seed)}"
-        with calls_to(topology, "rack_pflops") as spy:
-            got = number(rack_pflops(gpus, sparse_tflops, sparse), where)
-        spy.verdict("rack_pflops")
+        where = f"rack_pflops({gpus}, {sparse_tflops:.6g}, sparse={sparse}){cases.tag(is_random)}"
+        got = as_number(learner_call(rack_pflops, (gpus, sparse_tflops, sparse), where, (topology.rack_pflops,)), where, NUMBER)
         if not sparse and near(got, expected * 2):
             expect(False, f"rack_pflops({gpus}, {sparse_tflops:.6g}, sparse=False) = {got:.6g}: that is the "
                           f"sparse figure; the datasheet rate assumes 2:4 sparsity, dense is half of it "
@@ -112,24 +66,23 @@ def _reference_memory(dense, experts, tp, pp, dp, ep):
 
 
 @checker("9.3", "memory per GPU of a parallelism layout")
-def check_memory_per_gpu(memory_per_gpu_gb):
+@replayable
+def check_memory_per_gpu(memory_per_gpu_gb, cases):
     """memory_per_gpu_gb(dense_params, expert_params, tp, pp, dp, ep) -> GB (1e9 bytes) of BF16 weights, BF16
     gradients and FP32 Adam state (12 B/param) per GPU, with ZeRO-1 sharding the optimizer state."""
-    seed, rng = seeded()
-    cases = [(17.1e9, 653.9e9, 1, 16, 128, 64, False), (400e9, 0.0, 8, 16, 16, 1, False),
-             (17.1e9, 653.9e9, 8, 16, 16, 8, False), (30e9, 500e9, 2, 4, 32, 4, False)]
+    rng = cases.rng
+    cases_ = [(17.1e9, 653.9e9, 1, 16, 128, 64, False), (400e9, 0.0, 8, 16, 16, 1, False),
+              (17.1e9, 653.9e9, 8, 16, 16, 8, False), (30e9, 500e9, 2, 4, 32, 4, False)]
     for _ in range(5):
         ep = rng.choice([1, 2, 4, 8, 16, 64])
         dp = ep * rng.choice([1, 2, 4, 8])
-        cases.append((rng.uniform(1e9, 5e11), rng.choice([0.0, rng.uniform(1e10, 2e12)]), rng.choice([1, 2, 4, 8]),
+        cases_.append((rng.uniform(1e9, 5e11), rng.choice([0.0, rng.uniform(1e10, 2e12)]), rng.choice([1, 2, 4, 8]),
                       rng.choice([1, 2, 4, 8, 16]), dp, ep, True))
-    for dense, experts, tp, pp, dp, ep, is_random in cases:
+    for dense, experts, tp, pp, dp, ep, is_random in cases_:
         expected = _reference_memory(dense, experts, tp, pp, dp, ep)
         where = (f"memory_per_gpu_gb({dense:.3g}, {experts:.3g}, tp={tp}, pp={pp}, dp={dp}, ep={ep})"
-                 f"{_tag(is_random, seed)}")
-        with calls_to(topology, "memory_per_gpu_gb") as spy:
-            got = number(memory_per_gpu_gb(dense, experts, tp, pp, dp, ep), where)
-        spy.verdict("memory_per_gpu_gb")
+                 f"{cases.tag(is_random)}")
+        got = as_number(learner_call(memory_per_gpu_gb, (dense, experts, tp, pp, dp, ep), where, (topology.memory_per_gpu_gb,)), where, NUMBER)
         if near(got, expected * 1e9 / 2**30):
             expect(False, f"{where} = {got:.6g}: that is GiB (2^30 bytes); the lab counts GB = 1e9 bytes, like "
                           f"the HBM sizes on datasheets (expected {expected:.6g})")
@@ -149,28 +102,27 @@ def check_memory_per_gpu(memory_per_gpu_gb):
                 and not near(got, expected):
             expect(False, f"{where} = {got:.6g}: the routed experts are not split by TP; TP splits every matrix")
         expect_close(got, expected, where, rtol=1e-6)
-    return f"right for {len(cases)} layouts, DeepSeek's PP16 x EP64 x DP128 among them"
+    return f"right for {len(cases_)} layouts, DeepSeek's PP16 x EP64 x DP128 among them"
 
 
 @checker("9.4", "all-to-all time inside vs across the NVLink domain")
-def check_all_to_all_seconds(all_to_all_seconds):
+@replayable
+def check_all_to_all_seconds(all_to_all_seconds, cases):
     """all_to_all_seconds(bytes_per_gpu, group, domain, nvlink_gbs, network_gbs) -> seconds; bandwidths in GB/s
     per direction; each GPU sends bytes/group to every rank of the group, itself included (that share stays)."""
-    seed, rng = seeded()
-    cases = [(1e9, 64, 8, 160, 50, False), (3e9, 16, 8, 200, 50, False), (1e9, 8, 8, 200, 50, False),
-             (1e9, 64, 72, 900, 50, False), (1e9, 1, 8, 200, 50, False)]
+    rng = cases.rng
+    cases_ = [(1e9, 64, 8, 160, 50, False), (3e9, 16, 8, 200, 50, False), (1e9, 8, 8, 200, 50, False),
+              (1e9, 64, 72, 900, 50, False), (1e9, 1, 8, 200, 50, False)]
     for _ in range(5):
         domain = rng.choice([4, 8, 72])
-        cases.append((rng.uniform(1e6, 1e10), rng.choice([2, 4, 8, 16, 32, 64, 128, 256]), domain,
+        cases_.append((rng.uniform(1e6, 1e10), rng.choice([2, 4, 8, 16, 32, 64, 128, 256]), domain,
                       rng.uniform(100, 900), rng.uniform(12.5, 100), True))
-    for b, group, domain, nv, net, is_random in cases:
+    for b, group, domain, nv, net, is_random in cases_:
         fab = topology.Fabric("f", domain, nv, net)
         expected = topology.all_to_all_seconds(b, group, fab)
         where = (f"all_to_all_seconds({b:.3g}, group={group}, domain={domain}, nvlink={nv:.4g}, network={net:.4g})"
-                 f"{_tag(is_random, seed)}")
-        with calls_to(topology, "all_to_all_seconds") as spy:
-            got = number(all_to_all_seconds(b, group, domain, nv, net), where)
-        spy.verdict("all_to_all_seconds")
+                 f"{cases.tag(is_random)}")
+        got = as_number(learner_call(all_to_all_seconds, (b, group, domain, nv, net), where, (topology.all_to_all_seconds,)), where, NUMBER)
         inside = min(group, domain)
         if group > domain and near(got, max(b * (inside - 1) / group / (net * 1e9),
                                             b * (group - inside) / group / (nv * 1e9))) and not near(got, expected):

@@ -3,7 +3,6 @@ training days."""
 from __future__ import annotations
 
 import math
-import random
 
 from common import scaling
 from common.checks import checker, near, expect, expect_equal
@@ -59,7 +58,7 @@ def check_train_flops(train_flops):
         for n, d in cases_:
             expected = 6.0 * n * d
             where = f"train_flops({n:.4g}, {d:.4g})"
-            got = as_number(learner_call(train_flops, (n, d), where, ((scaling, "train_flops"),)), where,
+            got = as_number(learner_call(train_flops, (n, d), where, (scaling.train_flops,)), where,
                             "the FLOPs, a number")
             for factor, why in ((2, "that is 2ND, the forward pass only; the backward pass costs twice the forward, "
                                     "so training is 6ND"),
@@ -97,7 +96,7 @@ def check_implied_mfu(implied_mfu):
             expected = scaling.implied_mfu(flops, hours, peak)
             where = f"implied_mfu({flops:.4g}, {hours:.4g} h, {gpu!r}, {dtype!r})"
             got = as_number(learner_call(implied_mfu, (flops, hours, gpu, dtype), where,
-                                                ((scaling, "implied_mfu"),)), where, "a fraction")
+                                         (scaling.implied_mfu,)), where, "a fraction")
             if near(got, expected * 3600):
                 expect(False, f"{where} = {got:.4g}: GPU-hours must become seconds (x 3600) before dividing FLOPs")
             if near(got, expected * 100):
@@ -131,7 +130,7 @@ def check_adam_state(adam_state_bytes):
         rng = cases.rng
         for n in [7, 1000, 100e12] + [rng.uniform(1e6, 1e15) for _ in range(4)]:
             where = f"adam_state_bytes({n:.4g})"
-            got = learner_call(adam_state_bytes, (n,), where, ((scaling, "adam_state_bytes"),))
+            got = learner_call(adam_state_bytes, (n,), where, (scaling.adam_state_bytes,))
             expect(isinstance(got, dict), f"{where} returned {type(got).__name__}; return a dict with keys "
                                           f"{sorted(expected_per)}")
             expect_equal(sorted(k for k in got if k != "total"), sorted(expected_per), f"{where}: keys of the result")
@@ -164,7 +163,7 @@ def check_gpus_to_hold(gpus_to_hold):
             hbm = scaling.hbm_gb(gpu) * 1e9
             expected = math.ceil(nbytes / hbm)
             where = f"gpus_to_hold({nbytes:.6g} bytes, {gpu!r})"
-            got = learner_call(gpus_to_hold, (nbytes, gpu), where, ((scaling, "gpus_to_hold"),))
+            got = learner_call(gpus_to_hold, (nbytes, gpu), where, (scaling.gpus_to_hold,))
             value = as_number(got, where, "a whole number of GPUs")
             if not value.is_integer():
                 expect(False, f"{where} = {value:.6g}: GPUs come whole -- round up (math.ceil)")
@@ -201,7 +200,7 @@ def check_training_days(training_days):
             expected = flops / (gpus * peak * 1e12 * mfu) / 86400
             where = f"training_days({flops:.4g}, {gpus} GPUs, {gpu!r}, {dtype!r}, mfu={mfu:.3g})"
             got = as_number(learner_call(training_days, (flops, gpus, gpu, dtype, mfu), where,
-                                                ((scaling, "gpu_hours"), (scaling, "plan_training"))), where, "days")
+                                         (scaling.gpu_hours, scaling.plan_training)), where, "days")
             if near(got, expected * mfu * mfu):
                 expect(False, f"{where} = {got:.4g}: you multiplied by the MFU; a lower MFU means a *longer* run, "
                               f"so divide by it")

@@ -26,7 +26,7 @@ def check_kv_bytes_per_token(fn):
             where = f"layers={layers}, heads={heads}, kv_heads={kv_heads}, head_dim={d}, bytes={b}"
             call = f"kv_bytes_per_token({layers}, {heads}, {kv_heads}, {d}, {b})"
             got = as_number(learner_call(fn, (layers, heads, kv_heads, d, b), call,
-                                                ((kvcache, "kv_bytes_per_token"),)), call, "bytes, a number")
+                                         (kvcache.kv_bytes_per_token,)), call, "bytes, a number")
             mistakes = [
                 (kv_heads != heads, layers * heads * 2 * d * b,
                  f"you cached K and V for all {heads} query heads; with grouped-query attention only the "
@@ -57,7 +57,7 @@ def check_mla_bytes_per_token(fn):
             expected = kvcache.mla_bytes_per_token(layers, rank, rope, b)
             where = f"layers={layers}, kv_lora_rank={rank}, rope_dim={rope}, bytes={b}"
             call = f"mla_bytes_per_token({layers}, {rank}, {rope}, {b})"
-            got = as_number(learner_call(fn, (layers, rank, rope, b), call, ((kvcache, "mla_bytes_per_token"),)),
+            got = as_number(learner_call(fn, (layers, rank, rope, b), call, (kvcache.mla_bytes_per_token,)),
                             call, "bytes, a number")
             if got == layers * rank * b:
                 fail(f"{where}: you left out the decoupled RoPE key ({rope} values per layer), which MLA caches "
@@ -86,7 +86,7 @@ def check_paged_waste(fn):
             shown = f"{lengths[:6]}{'...' if len(lengths) > 6 else ''}"
             call = f"paged_waste({shown}, {block})"
             passed = list(lengths)
-            got = as_number(learner_call(fn, (passed, block), call, ((kvcache, "paged_waste"),)), call,
+            got = as_number(learner_call(fn, (passed, block), call, (kvcache.paged_waste,)), call,
                             "a number of token slots")
             expect(passed == lengths, f"{call}: your function changed the list of lengths it was given; work on a "
                                       f"copy")
@@ -116,7 +116,7 @@ def check_shared_utilisation(fn):
             expected = sharing.shared_utilisation(demand, n, mode)
             where = f"demand={demand}, n_jobs={n}, mode={mode!r}"
             call = f"shared_utilisation({demand}, {n}, {mode!r})"
-            got = as_number(learner_call(fn, (demand, n, mode), call, ((sharing, "shared_utilisation"),)), call,
+            got = as_number(learner_call(fn, (demand, n, mode), call, (sharing.shared_utilisation,)), call,
                             "a fraction")
             if mode == "mig" and demand > 1 / 7 and math.isclose(got, min(n, 7) * demand):
                 fail(f"{where}: a MIG instance is a hard slice of 1/7 of the SMs; a job cannot use more than its "

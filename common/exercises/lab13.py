@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from common import v3model
 from common.checks import checker, expect, expect_close, fail, near
-from common.exercises.lab09 import calls_to, number as _number, seeded as _seeded
+from common.exercises.cases import as_number, learner_call, replayable
+
+NUMBER = "one number (a float)"
 
 
 # ---------------------------------------------------------------- 13.1
@@ -37,25 +39,24 @@ def _configs(rng):
 
 
 @checker("13.1", "forward FLOPs of one MoE layer from the config")
-def check_moe_layer_flops(moe_layer_flops):
+@replayable
+def check_moe_layer_flops(moe_layer_flops, cases):
     """moe_layer_flops(cfg, tokens) -> forward FLOPs of one MoE layer's GEMMs for `tokens` tokens: MLA projections
     (q_a, q_b, kv_a, kv_b, output), the shared expert(s) and the top-k routed experts (SwiGLU: 3 matrices each) and
     the router; 2 FLOPs per multiply-add; the attention core (scores) not included."""
-    seed, rng = _seeded()
+    rng = cases.rng
     fixed, rand = _configs(rng)
-    cases = [(c, t, False) for c, t in zip(fixed, (4096, 1000))] + [(c, rng.choice([1, 512, 3000]), True)
+    cases_ = [(c, t, False) for c, t in zip(fixed, (4096, 1000))] + [(c, rng.choice([1, 512, 3000]), True)
                                                                      for c in rand]
-    for cfg, tokens, is_random in cases:
+    for cfg, tokens, is_random in cases_:
         p = moe_layer_parts(cfg)
         expected = tokens * sum(p.values())
         k, s = cfg["num_experts_per_tok"], cfg["n_shared_experts"]
         h, inter = cfg["hidden_size"], cfg["moe_intermediate_size"]
         where = (f"moe_layer_flops(cfg with hidden={h}, moe_intermediate={inter}, top_k={k}, shared={s}, "
-                 f"experts={cfg['n_routed_experts']}, tokens={tokens})" + (f" [random case, seed {seed}]"
-                                                                          if is_random else ""))
-        with calls_to(v3model, "forward_flops_per_token") as spy:
-            got = _number(moe_layer_flops(cfg, tokens), where)
-        spy.verdict("moe_layer_flops")
+                 f"experts={cfg['n_routed_experts']}, tokens={tokens}){cases.tag(is_random)}")
+        got = as_number(learner_call(moe_layer_flops, (cfg, tokens), where, (v3model.forward_flops_per_token,)), where,
+                        NUMBER)
         one_expert = p["routed"] / k
         mistakes = [
             (expected / 2, "counts one FLOP per multiply-add; a GEMM does 2 (multiply and add) per weight and token"),
@@ -72,30 +73,29 @@ def check_moe_layer_flops(moe_layer_flops):
             if near(got, value, 1e-9) and not near(got, expected, 1e-9):
                 fail(f"{where} = {got:.10g}: that {why} (expected {expected:.10g})")
         expect_close(got, expected, where, rtol=1e-9, atol=0.0)
-    return (f"right for {len(cases)} configs; DeepSeek-V3: {moe_layer_parts(fixed[0])['routed'] * 4096 / 1e12:.2f} "
+    return (f"right for {len(cases_)} configs; DeepSeek-V3: {moe_layer_parts(fixed[0])['routed'] * 4096 / 1e12:.2f} "
             f"TFLOP of routed experts per 4096-token micro-batch and layer")
 
 
 # ---------------------------------------------------------------- 13.2
 
 @checker("13.2", "exposed all-to-all time of a chunk")
-def check_exposed_all_to_all(exposed_all_to_all):
+@replayable
+def check_exposed_all_to_all(exposed_all_to_all, cases):
     """exposed_all_to_all(F, B, comm_F, comm_B, overlapped) -> seconds of all-to-all left on the critical path:
     alone (overlapped=False) a chunk waits for its own dispatch/combine; in a DualPipe F&B pair (overlapped=True) each
     chunk's all-to-all runs beside the other chunk's compute, so only what exceeds F + B stays exposed."""
-    seed, rng = _seeded()
-    cases = [(0.022, 0.046, 0.023, 0.023, True, False), (0.022, 0.046, 0.023, 0.023, False, False),
-             (0.010, 0.021, 0.030, 0.025, True, False), (0.010, 0.021, 0.030, 0.025, False, False)]
+    rng = cases.rng
+    cases_ = [(0.022, 0.046, 0.023, 0.023, True, False), (0.022, 0.046, 0.023, 0.023, False, False),
+              (0.010, 0.021, 0.030, 0.025, True, False), (0.010, 0.021, 0.030, 0.025, False, False)]
     for _ in range(4):
-        cases.append((rng.uniform(0.005, 0.05), rng.uniform(0.01, 0.1), rng.uniform(0.001, 0.08),
+        cases_.append((rng.uniform(0.005, 0.05), rng.uniform(0.01, 0.1), rng.uniform(0.001, 0.08),
                       rng.uniform(0.001, 0.08), rng.random() < 0.5, True))
-    for F, B, cf, cb, ov, is_random in cases:
+    for F, B, cf, cb, ov, is_random in cases_:
         expected = v3model.exposed(cf + cb, F + B) if ov else cf + cb
-        where = (f"exposed_all_to_all(F={F:.6g}, B={B:.6g}, comm_F={cf:.6g}, comm_B={cb:.6g}, overlapped={ov})" +
-                 (f" [random case, seed {seed}]" if is_random else ""))
-        with calls_to(v3model, "exposed") as spy:
-            got = _number(exposed_all_to_all(F, B, cf, cb, ov), where)
-        spy.verdict("exposed_all_to_all")
+        where = (f"exposed_all_to_all(F={F:.6g}, B={B:.6g}, comm_F={cf:.6g}, comm_B={cb:.6g}, overlapped={ov})"
+                 f"{cases.tag(is_random)}")
+        got = as_number(learner_call(exposed_all_to_all, (F, B, cf, cb, ov), where, (v3model.exposed,)), where, NUMBER)
         if ov:
             if got < 0:
                 fail(f"{where} = {got:.6g}: negative -- when compute outlasts the all-to-all nothing is exposed "
@@ -124,19 +124,18 @@ def check_exposed_all_to_all(exposed_all_to_all):
 # ---------------------------------------------------------------- 13.3
 
 @checker("13.3", "GPU-hours per trillion tokens from a step time")
-def check_gpu_hours(gpu_hours_per_t_tokens):
+@replayable
+def check_gpu_hours(gpu_hours_per_t_tokens, cases):
     """gpu_hours_per_t_tokens(step_seconds, gpus, tokens_per_step) -> GPU-hours one trillion tokens takes."""
-    seed, rng = _seeded()
-    cases = [(9.99, 2048, 15360 * 4096, False), (3.0, 1024, 3072 * 4096, False), (20.0, 512, 8e6, False)]
+    rng = cases.rng
+    cases_ = [(9.99, 2048, 15360 * 4096, False), (3.0, 1024, 3072 * 4096, False), (20.0, 512, 8e6, False)]
     for _ in range(4):
-        cases.append((rng.uniform(0.5, 60), rng.choice([64, 256, 1000, 2048, 16384]), rng.uniform(1e6, 1e8), True))
-    for step, gpus, tokens, is_random in cases:
+        cases_.append((rng.uniform(0.5, 60), rng.choice([64, 256, 1000, 2048, 16384]), rng.uniform(1e6, 1e8), True))
+    for step, gpus, tokens, is_random in cases_:
         expected = v3model.gpu_hours_per_t_tokens(step, gpus, tokens)
-        where = (f"gpu_hours_per_t_tokens({step:.6g}, {gpus}, {tokens:.6g})" +
-                 (f" [random case, seed {seed}]" if is_random else ""))
-        with calls_to(v3model, "gpu_hours_per_t_tokens") as spy:
-            got = _number(gpu_hours_per_t_tokens(step, gpus, tokens), where)
-        spy.verdict("gpu_hours_per_t_tokens")
+        where = f"gpu_hours_per_t_tokens({step:.6g}, {gpus}, {tokens:.6g}){cases.tag(is_random)}"
+        got = as_number(learner_call(gpu_hours_per_t_tokens, (step, gpus, tokens), where,
+                                     (v3model.gpu_hours_per_t_tokens,)), where, NUMBER)
         for value, why in [(expected * 3600, "that is GPU-seconds; divide by 3600 for GPU-hours"),
                            (expected / gpus, "that is wall-clock hours; multiply by the number of GPUs"),
                            (expected / 1e12, "that is per token; the question asks per trillion tokens"),
