@@ -50,6 +50,10 @@ class JupyterLab:
         settings = self.root / ".settings" / "@jupyterlab" / "apputils-extension"
         settings.mkdir(parents=True)
         (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')  # no news pop-up
+        tracker = self.root / ".settings" / "@jupyterlab" / "notebook-extension"
+        tracker.mkdir(parents=True)
+        # render every cell (no virtual scrolling), so widgets and outputs below the fold are in the page
+        (tracker / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')
         env = dict(os.environ, PYTHONPATH=str(REPO), JUPYTER_RUNTIME_DIR=str(self.root / ".runtime"),
                    JUPYTERLAB_SETTINGS_DIR=str(self.root / ".settings"),
                    JUPYTERLAB_WORKSPACES_DIR=str(self.root / ".workspaces"))
@@ -156,6 +160,10 @@ class NotebookPage:
             if done != last_done:
                 last_done, last_change = done, now
             running = next((c["i"] for c in code if c["running"]), None)
+            if running is None and st["kernel"] == "idle" and now - last_change > 10:
+                errors = [f"cell {c['i']}: {e[:300]}" for c in code for e in c["errors"]]
+                raise RuntimeError(f"Run All stopped after {done} of {len(code)} code cells"
+                                   + (": " + "; ".join(errors) if errors else " (no error output)"))
             if now - last_change > cell_limit:
                 raise TimeoutError(f"cell {running} ran past the {cell_limit:g} s limit per cell")
             if now - start > notebook_limit:
@@ -167,58 +175,80 @@ class NotebookPage:
         return self.page.locator(".widget-interact").all()
 
     def move_every_control(self, widget, redraw_limit: float) -> list[dict]:
-        """Move each control of `widget` once; for each, the time until its plot image changed and any error."""
+        """Move each control of `widget` once from the widget's starting state (then put it back); for each, the
+        time until the output changed (a new plot image or new printed text) and any error shown."""
         results = []
         controls = widget.locator(".widget-slider, .widget-dropdown, .widget-checkbox, .widget-toggle-buttons").all()
         for control in controls:
-            label = control.locator(".widget-label").first.text_content() or "?"
-            before = self._image(widget)
+            label = (control.locator(".widget-label").first.text_content() or "").strip("\u200b ").strip()
+            if not label:  # a checkbox shows its description beside the box
+                label = (control.text_content() or "?").strip("\u200b ").strip()
+            before = self._snapshot(widget)
             t0 = time.time()
-            self._move(control)
+            undo = self._move(control)
             changed, error = False, ""
             while time.time() - t0 < redraw_limit:
                 error = self._error_text(widget)
                 if error:
                     break
-                now_img = self._image(widget)
-                if now_img and now_img != before:
+                now = self._snapshot(widget)
+                if now[0] and now != before:
                     changed = True
                     break
                 time.sleep(0.05)
-            results.append({"control": label.strip(), "seconds": time.time() - t0, "changed": changed,
-                            "error": error})
+            results.append({"control": label, "seconds": time.time() - t0, "changed": changed, "error": error})
+            undo()
+            deadline = time.time() + redraw_limit
+            while self._snapshot(widget) != before and time.time() < deadline:
+                time.sleep(0.05)
         return results
 
-    def _image(self, widget) -> str:
-        imgs = widget.locator(".jp-OutputArea-output img")
-        return imgs.first.get_attribute("src") if imgs.count() else ""
+    def _snapshot(self, widget) -> tuple:
+        """(plot image, printed text) of the widget's output, read in one step (a redraw replaces the nodes)."""
+        img, text = widget.evaluate(
+            "el => [el.querySelector('.jp-OutputArea-output img')?.getAttribute('src') || '', "
+            "Array.from(el.querySelectorAll('.jp-OutputArea-output pre')).map(p => p.textContent).join(' ')]")
+        return (img or text, text)
 
     def _error_text(self, widget) -> str:
-        err = widget.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr'], "
-                             ".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']")
-        return err.first.text_content()[-1500:] if err.count() else ""
+        return widget.evaluate(
+            "el => { const e = el.querySelector(\".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+            ", .jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']\"); "
+            "return e ? e.textContent.slice(-1500) : ''; }")
 
     @staticmethod
-    def _move(control) -> None:
+    def _move(control):
+        """Move one control one step, as a learner would; return a function that moves it back."""
         cls = control.get_attribute("class") or ""
         if "widget-dropdown" in cls:
             select = control.locator("select")
-            options = select.locator("option").all()
+            values = [o.get_attribute("value") for o in select.locator("option").all()]
             current = select.input_value()
-            values = [o.get_attribute("value") for o in options]
             nxt = values[(values.index(current) + 1) % len(values)] if current in values else values[-1]
             select.select_option(nxt)
-        elif "widget-checkbox" in cls:
-            control.locator("input[type=checkbox]").click()
-        elif "widget-toggle-buttons" in cls:
+            return lambda: select.select_option(current)
+        if "widget-checkbox" in cls:
+            box = control.locator("input[type=checkbox]")
+            box.click()
+            return box.click
+        if "widget-toggle-buttons" in cls:
             buttons = control.locator("button").all()
-            idle = [b for b in buttons if "mod-active" not in (b.get_attribute("class") or "")]
+            active = [b for b in buttons if "mod-active" in (b.get_attribute("class") or "")]
+            idle = [b for b in buttons if b not in active]
             (idle or buttons)[0].click()
-        else:  # a slider: one step with the keyboard, as a learner nudging it (back, when it sits at its maximum)
-            handle = control.locator(".noUi-handle").first
-            readout = control.locator(".widget-readout").first
-            before = readout.text_content()
+            return (active[0].click if active else (lambda: None))
+        # a slider: one step with the keyboard, as a learner nudging it (back, when it sits at its maximum)
+        handle = control.locator(".noUi-handle").first
+        readout = control.locator(".widget-readout").first
+        before = readout.text_content()
+        handle.focus()
+        handle.press("ArrowRight")
+        back = "ArrowLeft"
+        if readout.text_content() == before:
+            handle.press("ArrowLeft")
+            back = "ArrowRight"
+
+        def undo():
             handle.focus()
-            handle.press("ArrowRight")
-            if readout.text_content() == before:
-                handle.press("ArrowLeft")
+            handle.press(back)
+        return undo

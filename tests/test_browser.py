@@ -3,7 +3,8 @@
 Run with `make test-browser` (it installs Playwright and, as root, Debian's chromium). Skipped in `make test`
 unless WORKBOOK_BROWSER=1. Per notebook: it opens unmodified (not marked unsaved), every cell runs within the
 limits with no error output and nothing on stderr, each explore() shows exactly one widget, and each control of each
-widget redraws the plot (a new image) without an error; redraw times are printed and written to
+widget, moved from the widget's starting state, redraws its output (a new plot or new text) without an error;
+redraw times are printed and written to
 build/browser/redraw.md. Screenshots of failures go to build/browser/.
 """
 from __future__ import annotations
