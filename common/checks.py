@@ -74,12 +74,13 @@ def progress_records(lab: int | str) -> list[dict]:
              "verdict": _details.get(e, "")} for e in ids]
 
 
-def progress(lab: int | str) -> list[dict]:
-    """Print which exercises of this lab passed, failed, were not attempted or not checked yet; return the records."""
+def progress(lab: int | str) -> None:
+    """Print which exercises of this lab passed, failed, were not attempted or not checked yet (the records
+    themselves: progress_records; nothing is returned, so a cell ending in progress(N) prints the table once)."""
     records = progress_records(lab)
     if not records:
         print(f"Lab {int(lab):02d} has no exercises.")
-        return records
+        return
     width = max(len(r["title"]) for r in records)
     for r in records:
         line = f"  {r['exercise']:>5}  {r['title']:<{width}}  {r['status']}"
@@ -89,7 +90,6 @@ def progress(lab: int | str) -> list[dict]:
     counts = {s: sum(r["status"] == s for r in records) for s in (PASSED, FAILED, NOT_ATTEMPTED, "not checked")}
     print(f"Lab {int(lab):02d}: {counts[PASSED]} of {len(records)} exercises passed, {counts[FAILED]} failed, "
           f"{counts[NOT_ATTEMPTED]} not attempted, {counts['not checked']} not checked yet.")
-    return records
 
 
 def _set(exercise: str, status_: str, message: str) -> None:

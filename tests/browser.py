@@ -57,7 +57,8 @@ class JupyterLab:
         env = dict(os.environ, PYTHONPATH=str(REPO), JUPYTER_RUNTIME_DIR=str(self.root / ".runtime"),
                    JUPYTERLAB_SETTINGS_DIR=str(self.root / ".settings"),
                    JUPYTERLAB_WORKSPACES_DIR=str(self.root / ".workspaces"))
-        env.pop("WORKBOOK_HEADLESS", None)  # the widgets must be interactive here
+        for headless_marker in ("WORKBOOK_HEADLESS", "CI", "PAPERMILL_EXECUTION"):  # see common.env.is_headless:
+            env.pop(headless_marker, None)  # the widgets must be interactive here, also when CI runs this test
         self.log = open(log, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={self.port}",
