@@ -287,6 +287,33 @@ class MachineProfile:
         return cls(**d)
 
 
+def raise_to(prof: "MachineProfile", matmul_gflops: float | None = None, copy_gbps: float | None = None,
+             source: str = "a later measurement") -> tuple["MachineProfile", list[str]]:
+    """Raise a saved ceiling to a rate a kernel has just demonstrated, when that rate is higher (a ceiling is the best
+    this machine has shown; on a shared machine the ceiling benchmark can have run at a busier moment). Returns the
+    profile (saved under build/machine/) and one line per ceiling raised; an empty list when nothing was higher."""
+    raised, new = [], {}
+    for key, rate in (("matmul", matmul_gflops), ("copy", copy_gbps)):
+        if rate is None:
+            continue
+        if not rate > 0:
+            raise ValueError(f"{key} rate={rate!r} must be a positive number")
+        old = getattr(prof, key)
+        if rate > old.value:
+            raised.append(f"{old.name} raised from {old.value:,.1f} to {rate:,.1f} {old.unit}, shown by {source}")
+            base = old.detail.split("; raised to the rate of ")[0]
+            new[key] = Ceiling(old.name, rate, old.unit, f"{base}; raised to the rate of {source}", old.timing)
+    if not raised:
+        return prof, []
+    from dataclasses import replace
+    prof = replace(prof, **new)
+    path = profile_path(prof.fingerprint)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(prof.to_json(), indent=1) + "\n")
+    _cached[prof.fingerprint] = prof
+    return prof, raised
+
+
 def profile_path(fp: str | None = None) -> Path:
     return MACHINE_DIR / f"{fp or fingerprint()}.json"
 

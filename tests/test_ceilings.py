@@ -91,3 +91,18 @@ def test_keep_best_never_lowers_a_ceiling(tmp_path, monkeypatch):
     assert again.copy.value == first.copy.value
     reset = ceilings.machine_profile(refresh=True, min_run_time=0.01)
     assert reset.copy.value < first.copy.value
+
+
+def test_raise_to_keeps_the_best_demonstrated_rate(tmp_path, monkeypatch):
+    monkeypatch.setattr(ceilings, "MACHINE_DIR", tmp_path)
+    monkeypatch.setattr(ceilings, "_cached", {})
+    monkeypatch.setattr(ceilings, "dram_buffer_bytes", lambda caches=None, device="cpu": 2**22)
+    prof = ceilings.machine_profile(min_run_time=0.01)
+    same, lines = ceilings.raise_to(prof, matmul_gflops=prof.matmul.value / 2, source="a slow kernel")
+    assert same is prof and lines == []
+    up, lines = ceilings.raise_to(prof, matmul_gflops=prof.matmul.value * 3, source="lab 02's GEMM")
+    assert up.matmul.value == prof.matmul.value * 3 and up.copy.value == prof.copy.value
+    assert len(lines) == 1 and "lab 02's GEMM" in lines[0] and "lab 02's GEMM" in up.matmul.detail
+    assert ceilings.machine_profile().matmul.value == up.matmul.value  # saved and served to later labs
+    with pytest.raises(ValueError, match="copy rate"):
+        ceilings.raise_to(prof, copy_gbps=0.0)
