@@ -9,6 +9,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from common import fusion  # noqa: E402
 from common.checks import CheckFailed  # noqa: E402
 from common.exercises.lab03 import check_chain_bytes, check_softmax, check_vector_add  # noqa: E402
 
@@ -236,8 +237,9 @@ def test_softmax_ignores_row_stride():
         check_softmax(cols_as_stride)
 
 
-def test_softmax_torch_softmax_is_fine_but_wrong_dim_is_not():
-    assert check_softmax(lambda x, out: out.copy_(torch.softmax(x, dim=-1))).passed
+def test_softmax_torch_softmax_is_not_a_kernel_and_wrong_dim_is_named():
+    with pytest.raises(CheckFailed, match="no Triton kernel was launched"):
+        check_softmax(lambda x, out: out.copy_(torch.softmax(x, dim=-1)))
     with pytest.raises(CheckFailed, match="over each column"):
         check_softmax(lambda x, out: out.copy_(torch.softmax(x, dim=0)))
 
@@ -301,3 +303,36 @@ def test_softmax_not_one_program_per_row_caught():
         return _launch(softmax_kernel, x, out)
     with pytest.raises(CheckFailed, match="one program per row"):
         check_softmax(two_launches)
+
+
+@triton.jit
+def add_kernel_masked_store_only(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    pid = tl.program_id(axis=0)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    x = tl.load(x_ptr + offsets)
+    y = tl.load(y_ptr + offsets)
+    tl.store(out_ptr + offsets, x + y, mask=offsets < n_elements)
+
+
+def test_vector_add_unmasked_loads_caught():
+    # the values are right (the store is masked), but the loads still run past the end of x and y
+    def launcher(x, y, out, block_size=1024):
+        add_kernel_masked_store_only[(triton.cdiv(x.numel(), block_size),)](x, y, out, x.numel(),
+                                                                            BLOCK_SIZE=block_size)
+    with pytest.raises(CheckFailed, match=r"without a mask \(line 4: tl.load\(x_ptr \+ offsets\)\)"):
+        check_vector_add(launcher)
+
+
+@pytest.mark.parametrize("check, reference", [
+    (check_chain_bytes, lambda n, ops, b, fused: fusion.chain_bytes(n, ops, b, fused)),
+    (check_vector_add, lambda x, y, out, block_size=1024: fusion.vector_add(x, y, out, block_size)),
+    (check_softmax, lambda x, out: fusion.softmax(x, out)),
+])
+def test_calling_the_reference_is_caught(check, reference):
+    with pytest.raises(CheckFailed, match="reference this exercise asks you to write"):
+        check(reference)
+
+
+def test_vector_add_in_pytorch_is_not_a_kernel():
+    with pytest.raises(CheckFailed, match="no Triton kernel was launched"):
+        check_vector_add(lambda x, y, out, block_size=1024: torch.add(x, y, out=out))

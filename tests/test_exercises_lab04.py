@@ -15,6 +15,9 @@ import triton.language as tl  # noqa: E402
 from common import attention  # noqa: E402
 from common.checks import CheckFailed  # noqa: E402
 from common.exercises import lab04  # noqa: E402
+from learner import own_copy  # noqa: E402
+
+_tiled_ref = own_copy(attention.tiled_attention)  # a learner's right answer: the reference's logic, its own code
 
 
 def _stub(*args, **kwargs):
@@ -62,7 +65,7 @@ def _online_stats(blocks, rescale=True, subtract_max=True):
 
 def test_online_softmax_right():
     assert lab04.check_online_softmax(_online_stats).passed
-    assert lab04.check_online_softmax(attention.online_softmax_stats).passed
+    assert lab04.check_online_softmax(own_copy(attention.online_softmax_stats)).passed
 
 
 def test_online_softmax_no_rescale():
@@ -143,7 +146,7 @@ def _tiled(q, k, v, block_m, block_n, causal=False, mistake=None):
 
 def test_tiled_right():
     assert lab04.check_tiled_attention(_tiled).passed
-    assert lab04.check_tiled_attention(attention.tiled_attention).passed
+    assert lab04.check_tiled_attention(_tiled_ref).passed
 
 
 @pytest.mark.parametrize("mistake, message", [
@@ -237,7 +240,7 @@ def _flash(mistake):
 
 def test_triton_right():
     assert lab04.check_triton_forward(_flash(0)).passed
-    assert lab04.check_triton_forward(attention.flash_attention).passed
+    assert lab04.check_triton_forward(own_copy(attention.flash_attention)).passed
 
 
 @pytest.mark.parametrize("mistake, message", [
@@ -268,7 +271,10 @@ def test_triton_stub_kernel_is_not_attempted():
 # ---------------------------------------------------------------------------------------------------------------- 4.5
 
 def _bwd(q, k, v, o, lse, do, bm, bn, causal):
-    return attention.tiled_attention_backward(q, k, v, o, lse, do, bm, bn, causal)
+    return _bwd_ref(q, k, v, o, lse, do, bm, bn, causal)
+
+
+_bwd_ref = own_copy(attention.tiled_attention_backward)
 
 
 def test_tiled_backward_right():
@@ -287,13 +293,14 @@ def _wrong_bwd(mistake):
     ("tile_mask", "inside the blocks that cross it"), ("no_scale", "lack the softmax scale")])
 def test_tiled_backward_mistakes_named(mistake, message, monkeypatch):
     # the full-matrix variants would trip the N x N guard first: switch it off to test the diagnosis alone
-    monkeypatch.setattr(lab04, "_full_matrix_guard", lambda *a: _NullGuard())
+    monkeypatch.setattr(lab04, "_full_matrix_guard", lambda *a, **k: _NullGuard())
     with pytest.raises(CheckFailed, match=message):
         lab04.check_tiled_backward(_wrong_bwd(mistake))
 
 
 class _NullGuard:
     seen = None
+    rows: dict = {}
 
     def __enter__(self):
         return self
@@ -307,10 +314,10 @@ def test_tiled_backward_full_matrix_caught():
         lab04.check_tiled_backward(_wrong_bwd(None))
 
 
-def test_tiled_backward_swapped_blocks_pass():
-    # block_m and block_n mixed up: still right numerically, so it must pass (the blocks are a performance choice)...
-    assert lab04.check_tiled_backward(lambda q, k, v, o, lse, do, bm, bn, c: _bwd(q, k, v, o, lse, do, bn, bm, c)
-                                      ).passed
+def test_tiled_backward_swapped_blocks_caught():
+    # block_m and block_n mixed up: right numerically, but q is cut into block_n rows (the cases use both orders)
+    with pytest.raises(CheckFailed, match="swapped"):
+        lab04.check_tiled_backward(lambda q, k, v, o, lse, do, bm, bn, c: _bwd(q, k, v, o, lse, do, bn, bm, c))
 
 
 def test_tiled_backward_modifies_input():
@@ -367,19 +374,33 @@ def test_tiled_attention_full_matrix_caught():
 
 def test_tiled_attention_swapped_blocks_caught():
     with pytest.raises(CheckFailed, match="swapped"):
-        lab04.check_tiled_attention(lambda q, k, v, bm, bn, causal=False: attention.tiled_attention(q, k, v, bn, bm,
+        lab04.check_tiled_attention(lambda q, k, v, bm, bn, causal=False: _tiled_ref(q, k, v, bn, bm,
                                                                                                    causal))
 
 
 def test_tiled_attention_modifies_input_caught():
     def scales_q_in_place(q, k, v, bm, bn, causal=False):
         q.mul_(q.shape[-1] ** -0.5)
-        return attention.tiled_attention(q, k, v, bm, bn, causal, scale=1.0)
+        return _tiled_ref(q, k, v, bm, bn, causal, scale=1.0)
     with pytest.raises(CheckFailed, match=r"modified its input q"):
         lab04.check_tiled_attention(scales_q_in_place)
 
 
 def test_tiled_attention_failure_prints_seed():
     with pytest.raises(CheckFailed, match=r"seed \d+"):
-        lab04.check_tiled_attention(lambda q, k, v, bm, bn, causal=False: attention.tiled_attention(
+        lab04.check_tiled_attention(lambda q, k, v, bm, bn, causal=False: _tiled_ref(
             q, k, v, bm, bn, causal) * 1.01)
+
+
+@pytest.mark.parametrize("check, reference", [
+    (lab04.check_standard_attention_bytes, lambda n, d, b: attention.standard_io_bytes(n, d, b)),
+    (lab04.check_online_softmax, lambda blocks: attention.online_softmax_stats(blocks)),
+    (lab04.check_tiled_attention, lambda q, k, v, bm, bn, causal=False: attention.tiled_attention(q, k, v, bm, bn,
+                                                                                                    causal)),
+    (lab04.check_triton_forward, lambda q, k, v, causal=False: attention.flash_attention(q, k, v, causal)),
+    (lab04.check_tiled_backward, lambda q, k, v, o, lse, do, bm, bn, c: attention.tiled_attention_backward(
+        q, k, v, o, lse, do, bm, bn, c)),
+])
+def test_calling_the_reference_is_caught(check, reference):
+    with pytest.raises(CheckFailed, match="reference this exercise asks you to write"):
+        check(reference)

@@ -266,3 +266,13 @@ def test_pairs_audit(wrong, match):
     for _ in range(3):
         with pytest.raises(CheckFailed, match=match):
             check_dualpipe_pairs(wrong)
+
+
+@pytest.mark.parametrize("check, reference", [
+    (check_one_f_one_b_order, lambda pp, m, s: pipeline.one_f_one_b_order(pp, m, s)),
+    (check_bubble, lambda name, pp, F, B, W, FB: pipeline.bubble_formula(name, pp, pipeline.Durations(F, B, W, FB))),
+    (check_dualpipe_pairs, lambda pp: [pipeline.dualpipe_stages(pp, r) for r in range(pp)]),
+])
+def test_calling_the_reference_is_caught(check, reference):
+    with pytest.raises(CheckFailed, match="reference this exercise asks you to write"):
+        check(reference)

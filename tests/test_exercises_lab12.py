@@ -4,6 +4,7 @@ import torch
 from common import capstone, moe, traces
 from common.checks import CheckFailed
 from common.exercises import lab12
+from learner import own_copy
 
 
 def _stub(*a):
@@ -138,7 +139,7 @@ def _between_ops(events, window):
 
 
 def _unclipped(events, window):
-    return 1 - sum(t - s for s, t in traces.merged_intervals(events)) / (window[1] - window[0])
+    return 1 - sum(t - s for s, t in own_copy(traces.merged_intervals)(events)) / (window[1] - window[0])
 
 
 def _sorted_assumed(events, window):
@@ -154,7 +155,6 @@ def _sorted_assumed(events, window):
 
 def test_idle_share():
     assert lab12.check_idle_share(_idle).passed
-    assert lab12.check_idle_share(traces.idle_share).passed
     for wrong, match in [(_summed, "counted twice"), (_between_ops, "edges"), (_unclipped, "clip"),
                          (lambda e, w: 1 - _idle(e, w), "BUSY"), (lambda e, w: 100 * _idle(e, w), "percentage"),
                          (_sorted_assumed, "idle share for")]:
@@ -230,7 +230,7 @@ def _none_passes(ref, got):
 
 def test_equivalent():
     assert lab12.check_equivalent(_equivalent).passed
-    assert lab12.check_equivalent(capstone.equivalent).passed
+    assert lab12.check_equivalent(own_copy(capstone.equivalent)).passed
     for wrong, match in [(_exact, "correct result"), (_allclose, "correct result"), (_absolute, "absolute tolerance"),
                          (lambda r, g: _absolute(r, g, atol=1e-2), "cannot see errors in small gradients"),
                          (_output_only, "every gradient"), (_too_loose, "too loose"), (_nan_blind, "NaN"),
@@ -238,3 +238,28 @@ def test_equivalent():
         with pytest.raises(CheckFailed, match=match):
             lab12.check_equivalent(wrong)
     assert lab12.check_equivalent(_stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("check, reference", [
+    (lab12.check_idle_share, lambda events, window: traces.idle_share(events, window)),
+    (lab12.check_idle_share, lambda events, window: 1 - sum(t - s for s, t in traces.merged_intervals(events, window))
+     / (window[1] - window[0])),
+    (lab12.check_equivalent, lambda ref, got: capstone.equivalent(ref, got)),
+])
+def test_calling_the_reference_is_caught(check, reference):
+    with pytest.raises(CheckFailed, match="reference this exercise asks you to write"):
+        check(reference)
+
+
+def test_crash_names_the_call_and_seed_replays():
+    def crashes(events, window):
+        raise ZeroDivisionError("oops")
+    with pytest.raises(CheckFailed, match=r"idle_share\(<3 events>.*ZeroDivisionError.*seed (\d+)"):
+        lab12.check_idle_share(crashes)
+    failed = []
+    for seed in (5, 5):
+        try:
+            lab12.check_idle_share(lambda e, w: 0.5, seed=seed)
+        except CheckFailed as exc:
+            failed.append(str(exc))
+    assert len(failed) == 2 and failed[0] == failed[1] and "seed 5" in failed[0]

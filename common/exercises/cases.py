@@ -207,7 +207,8 @@ def call(fn, text: str, *args, expected: str = "a result", references=()):
 @contextlib.contextmanager
 def record_launches():
     """Record (in the yielded list) every Triton launch `kernel[grid](...)` made inside the block: its grid (None
-    when the grid is a function) and its int / bool keyword arguments (the constexprs such as BLOCK_SIZE)."""
+    when the grid is a function), the kernel, and its int / bool keyword arguments (the constexprs such as
+    BLOCK_SIZE)."""
     from triton.runtime.jit import KernelInterface  # the base of compiled and interpreted kernels: kernel[grid]
     launches: list[dict] = []
     original = KernelInterface.__dict__["__getitem__"]
@@ -216,7 +217,7 @@ def record_launches():
         launch = original(kernel, grid)
 
         def run(*args, **kwargs):
-            launches.append({"grid": None if callable(grid) else tuple(grid),
+            launches.append({"grid": None if callable(grid) else tuple(grid), "kernel": kernel,
                              "constants": {k: v for k, v in kwargs.items() if isinstance(v, (int, bool))}})
             return launch(*args, **kwargs)
         return run
@@ -225,3 +226,25 @@ def record_launches():
         yield launches
     finally:
         KernelInterface.__getitem__ = original
+
+
+def unmasked_accesses(kernel) -> list[str]:
+    """The `tl.load` / `tl.store` calls in a Triton kernel's own source that pass neither a mask nor a boundary_check,
+    as "line N: <call>" (lines counted from the `def`); empty when the source cannot be read. A masked store hides an
+    unmasked load from the result, but not from the memory system: the load still reads past the end."""
+    import ast
+    import inspect
+    import textwrap
+    try:
+        src = textwrap.dedent(inspect.getsource(getattr(kernel, "fn", kernel)))
+        tree = ast.parse(src)
+    except (OSError, TypeError, SyntaxError):
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("load", "store"):
+            mask_position = 1 if node.func.attr == "load" else 2  # tl.load(ptr, mask), tl.store(ptr, value, mask)
+            keywords = {k.arg for k in node.keywords}
+            if not ({"mask", "boundary_check"} & keywords or len(node.args) > mask_position):
+                found.append(f"line {node.lineno - 1}: {ast.get_source_segment(src, node)}")
+    return found

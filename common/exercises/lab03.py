@@ -7,20 +7,20 @@ process (the interpreter does not bounds-check) nor corrupts memory, and the che
 from __future__ import annotations
 
 from common.checks import checker, expect, expect_close, expect_equal, fail
-from common.exercises.cases import learner_call, record_launches, replayable
+from common.exercises.cases import learner_call, record_launches, replayable, unmasked_accesses
 
 GUARD = 1 << 17  # elements after each tensor; larger than any block a launcher would use on these sizes
 SENTINEL = -12345.0  # what `out` and the guards hold before the call: a value no right answer produces here
 
 
-def _launch(fn, args: tuple, call: str, **kwargs):
+def _launch(fn, args: tuple, call: str, references: tuple = (), **kwargs):
     """learner_call of a launcher, with NumPy's overflow warnings from the interpreter silenced (the verdict explains
     an overflow better)."""
     import functools
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return learner_call(functools.partial(fn, **kwargs), args, call)
+        return learner_call(functools.partial(fn, **kwargs), args, call, references)
 
 
 def _guarded(t, fill=None):
@@ -60,6 +60,7 @@ def _expect_guard_intact(buf, n: int, what: str, hint: str) -> None:
 @replayable
 def check_chain_bytes(chain_bytes, cases):
     """chain_bytes(n_elements, n_ops, bytes_per_element, fused) -> bytes read + written from/to memory."""
+    from common import fusion
     seed, rng = cases.seed, cases.rng
     # every element size accepted (1, 2, 4, 8 bytes) has a fixed case; asymmetric sizes first
     cases_ = [(1000, 3, 4, False), (1000, 3, 4, True), (1, 1, 2, False), (777, 5, 1, False), (513, 2, 8, True),
@@ -68,7 +69,7 @@ def check_chain_bytes(chain_bytes, cases):
     for n, ops, b, fused in cases_:
         expected = 2 * n * b * (1 if fused else ops)
         where = f"chain_bytes({n}, n_ops={ops}, bytes_per_element={b}, fused={fused}) (seed {seed})"
-        got = learner_call(chain_bytes, (n, ops, b, fused), where)
+        got = learner_call(chain_bytes, (n, ops, b, fused), where, (fusion.chain_bytes,))
         expect(got is not None, f"{where} returned None -- return the number of bytes")
         if got != expected:
             if b == 2 and got == expected // 2:  # elements and "reads only" give one number at 2 bytes: name both
@@ -105,10 +106,12 @@ def _add_cases(rng):
 def check_vector_add(vector_add, cases):
     """vector_add(x, y, out, block_size) -> out = x + y with a Triton kernel; float32, fresh inputs each call."""
     import torch
+    from common import fusion
     from common.env import current
     device = current().device
     seed, rng, gen = cases.seed, cases.rng, cases.gen
     cases_ = _add_cases(rng)
+    kernels = {}
     for n, block in cases_:
         x0 = torch.randn(n, generator=gen).to(device)
         y0 = torch.randn(n, generator=gen).to(device)
@@ -117,7 +120,7 @@ def check_vector_add(vector_add, cases):
         out, out_buf = _guarded_out((n,), device)
         where = f"vector_add with n={n}, block_size={block} (seed {seed})"
         with record_launches() as launches:
-            ret = _launch(vector_add, (x, y, out), where, block_size=block)
+            ret = _launch(vector_add, (x, y, out), where, (fusion.vector_add,), block_size=block)
         got = out if ret is None else ret
         sizes = {lc["constants"].get("BLOCK_SIZE") for lc in launches} - {None}
         if sizes and sizes != {block}:
@@ -137,6 +140,16 @@ def check_vector_add(vector_add, cases):
                  f"the grid has too few programs. It needs ceil(n / block_size) = {-(-n // block)} programs -- "
                  f"`triton.cdiv(n, block_size)`, with the same block size that the kernel is given")
         expect_close(got, x0.double() + y0.double(), where, rtol=1e-6, atol=1e-6)
+        kernels.update((id(lc["kernel"]), lc["kernel"]) for lc in launches)
+    expect(kernels, "the values are right, but no Triton kernel was launched -- the exercise is the kernel: launch "
+                    "add_kernel[grid](...) instead of computing x + y in PyTorch")
+    for kernel in kernels.values():  # right values; now the property the values cannot show
+        unmasked = unmasked_accesses(kernel)
+        if unmasked:
+            fail(f"the values are right, but {getattr(kernel, '__name__', 'the kernel')} has a load or store without a "
+                 f"mask ({unmasked[0]}): the last program still reads past the end of x and y -- on a GPU that reads "
+                 f"another tensor's memory or faults, even though the masked store hides it from out. Pass "
+                 f"`mask=offsets < n_elements` to every tl.load and tl.store")
     return (f"x + y right for {len(cases_)} sizes and block sizes, including sizes that are not a multiple of the "
             f"block; nothing written past the end")
 
@@ -183,10 +196,12 @@ def _softmax_diagnosis(got, x0, where):
 def check_softmax(softmax, cases):
     """softmax(x, out) -> out = softmax of each row of the 2-D float32 x (one program per row, one read, one write)."""
     import torch
+    from common import fusion
     from common.env import current
     device = current().device
     seed, rng, gen = cases.seed, cases.rng, cases.gen
     cases_ = _softmax_cases(rng)
+    launched = False
     for rows, cols, scale, offset, strided in cases_:
         x0 = torch.randn(rows, cols, generator=gen).to(device) * scale + offset
         if strided:  # rows further apart than cols: the kernel must use the row stride, not assume cols
@@ -200,7 +215,7 @@ def check_softmax(softmax, cases):
                                                           if offset else "") + (" (a strided view)" if strided else "")
                  + f" (seed {seed})")
         with record_launches() as launches:
-            ret = _launch(softmax, (x, out), where)
+            ret = _launch(softmax, (x, out), where, (fusion.softmax,))
         got = out if ret is None else ret
         grids = [lc["grid"] for lc in launches if lc["grid"] is not None]
         expect(isinstance(got, torch.Tensor), f"{where}: returned {type(got).__name__}, expected the tensor out")
@@ -219,5 +234,8 @@ def check_softmax(softmax, cases):
         if grids and grids[-1][0] != rows:  # right numbers from another design: the exercise asks for this one
             fail(f"{where}: launched a grid of {grids[-1]} for {rows} rows -- one program per row: grid = (n_rows,)")
         expect_close(got, expected, where, rtol=1e-5, atol=1e-6)
+        launched = launched or bool(launches)
+    expect(launched, f"the values are right, but no Triton kernel was launched -- the exercise is the kernel "
+                     f"(torch.softmax or a PyTorch expression is not it): launch softmax_kernel[grid](...)")
     return (f"matches torch.softmax over rows for {len(cases_)} shapes (columns not a power of two, large values, a "
             f"strided view)")

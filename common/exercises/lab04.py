@@ -20,6 +20,7 @@ TOL = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 3e-2, "float16": 1e-2}
 @replayable
 def check_standard_attention_bytes(standard_bytes, cases):
     """standard_bytes(seq_len, head_dim, elem_bytes) -> HBM bytes of one head of standard attention (Algorithm 0)."""
+    from common import attention
     from common.attention import standard_io_bytes
     seed, rng = cases.seed, cases.rng
     # every element size accepted gets a fixed case (asymmetric: N != d, so no two mistakes give one number)
@@ -28,7 +29,8 @@ def check_standard_attention_bytes(standard_bytes, cases):
     for n, d, b in cases_:
         expected = standard_io_bytes(n, d, b)
         where = f"standard_bytes(seq_len={n}, head_dim={d}, elem_bytes={b}) (seed {seed})"
-        got = learner_call(standard_bytes, (n, d, b), where)
+        got = learner_call(standard_bytes, (n, d, b), where, (attention.standard_io_bytes,
+                                                              attention.count_standard_bytes))
         expect(got is not None, f"{where} returned None -- return the number of bytes")
         if got == b * (4 * n * d + 2 * n * n):
             fail(f"{where} = {got}: you counted the N x N matrices S and P once each; each is written to HBM and "
@@ -65,6 +67,7 @@ def _no_rescale_sum(x64, block):
 @replayable
 def check_online_softmax(online_softmax_stats, cases):
     """online_softmax_stats(blocks) -> (m, l): running max and sum of exp(x - m) over an iterable of column blocks."""
+    from common import attention
     import torch
     from common.checks import expect_close
     seed, rng, gen = cases.seed, cases.rng, cases.gen
@@ -84,7 +87,8 @@ def check_online_softmax(online_softmax_stats, cases):
         m_ref, l_ref = x64.amax(-1), torch.exp(x64 - x64.amax(-1, keepdim=True)).sum(-1)
         where = (f"{rows} rows x {n} columns in blocks of {block}" + (", large values" if scale > 10 else "")
                  + (", the max in the first block" if ascending == "descending" else "") + f" (seed {seed})")
-        out = learner_call(online_softmax_stats, (_blocks(x32, block),), f"online_softmax_stats(blocks) for {where}")
+        out = learner_call(online_softmax_stats, (_blocks(x32, block),), f"online_softmax_stats(blocks) for {where}",
+                           (attention.online_softmax_stats, attention.online_softmax))
         expect(isinstance(out, (tuple, list)) and len(out) == 2,
                f"return a pair (m, l) -- the running max and the sum; got {type(out).__name__}")
         m, l = (torch.as_tensor(t).double() for t in out)
@@ -196,7 +200,7 @@ def _random_inputs(b, h, n, d, dtype, device, scale=1.0, gen=None):
     return tuple(out)
 
 
-def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=None):
+def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=None, references=()):
     """`tiles` = (block_m, block_n): also check that no (N, N) tensor is formed and that the score tiles are at most
     block_m x block_n (a BLOCK_M / BLOCK_N mix-up gives block_n x block_m tiles)."""
     import torch
@@ -211,7 +215,7 @@ def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=No
         if tiles:
             guard = _full_matrix_guard(n, n, max(tiles), record_tiles=d)
             with guard:
-                got = learner_call(fn, (q, k, v, causal), f"{label} for {where}")
+                got = learner_call(fn, (q, k, v, causal), f"{label} for {where}", references)
             if guard.seen:
                 fail(f"{where}: {guard.seen[0]} produced a tensor of shape {guard.seen[1]}: the N x N matrix was "
                      f"formed -- loop over blocks of block_n keys")
@@ -221,7 +225,7 @@ def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=No
                      f"S tiles must be (at most) block_m query rows x block_n keys -- are block_m and block_n "
                      f"swapped?")
         else:
-            got = learner_call(fn, (q, k, v, causal), f"{label} for {where}")
+            got = learner_call(fn, (q, k, v, causal), f"{label} for {where}", references)
         for name, t, c in zip("qkv", (q, k, v), copies):
             expect(torch.equal(t, c) or (torch.isnan(t) == torch.isnan(c)).all() and torch.equal(
                 t.nan_to_num(), c.nan_to_num()), f"{where}: {label} modified its input {name} in place")
@@ -250,6 +254,7 @@ def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=No
 @replayable
 def check_tiled_attention(tiled_attention, cases):
     """tiled_attention(q, k, v, block_m, block_n, causal) -> O, never forming the N x N matrix."""
+    from common import attention
     import torch
     seed, rng = cases.seed, cases.rng
     bm, bn = rng.choice([32, 64]), 16  # block_m > block_n always, and neither equals d = 32 in the first case
@@ -261,7 +266,8 @@ def check_tiled_attention(tiled_attention, cases):
     cases_ = [(1, 2, 4 * 32, 32, False, False), (2, 1, n_odd, 64, False, False),
               (1, 2, 4 * 32, 32, True, False), (1, 1, rng.randint(65, 130), 64, True, False),
               (1, 1, rng.randint(65, 100), 32, False, True)]
-    count = _check_attention(fn, cases_, torch.float32, "cpu", (bn, 32), "tiled_attention", seed, tiles=(bm, bn))
+    count = _check_attention(fn, cases_, torch.float32, "cpu", (bn, 32), "tiled_attention", seed, tiles=(bm, bn),
+                             references=(attention.tiled_attention,))
     return f"matches SDPA (float32, relative error < 1e-4) in {count} cases: causal, non-causal, N not a multiple " \
            f"of the blocks, large scores"
 
@@ -273,6 +279,7 @@ def check_tiled_attention(tiled_attention, cases):
 @replayable
 def check_triton_forward(flash_forward, cases):
     """flash_forward(q, k, v, causal) -> O from your Triton kernel; float32 on a CPU, bf16 and fp16 on a GPU."""
+    from common import attention
     import torch
     seed, rng = cases.seed, cases.rng
     if torch.cuda.is_available():
@@ -290,7 +297,8 @@ def check_triton_forward(flash_forward, cases):
         hint = (64, 64)
     total = 0
     for dtype in dtypes:
-        total += _check_attention(flash_forward, cases_, dtype, device, hint, "flash_forward", seed)
+        total += _check_attention(flash_forward, cases_, dtype, device, hint, "flash_forward", seed,
+                                  references=(attention.flash_attention,))
     names = "/".join(str(d).replace("torch.", "") for d in dtypes)
     return f"matches SDPA ({names}) in {total} cases: causal, non-causal, head dims 64 and 128, N not a " \
            f"multiple of the block"
@@ -299,9 +307,11 @@ def check_triton_forward(flash_forward, cases):
 # ----------------------------------------------------------------------------------------------------------------------
 # 4.5 the backward pass in PyTorch, tiled
 
-def _full_matrix_guard(n_q, n_k, limit, record_tiles=None):
+def _full_matrix_guard(n_q, n_k, limit, record_tiles=None, blocks_of=None):
     """A TorchFunctionMode that records the shapes of every tensor produced and flags one with an (n_q, n_k) tail;
-    with `record_tiles=d` it also keeps the shapes of matmul results whose last dim is not d (the score tiles)."""
+    with `record_tiles=d` it also keeps the shapes of matmul results whose last dim is not d (the score tiles); with
+    `blocks_of={"q": q, "k": k}` it keeps, per name, the most rows of any slice taken directly from that tensor (the
+    block size the loop really used)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -310,11 +320,19 @@ def _full_matrix_guard(n_q, n_k, limit, record_tiles=None):
             super().__init__()
             self.seen = None
             self.tiles = []
+            self.rows = {}
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             outs = out if isinstance(out, (tuple, list)) else (out,)
             name = getattr(func, "__name__", "")
+            if blocks_of and args and name in ("__getitem__", "split", "narrow", "chunk", "tensor_split"):
+                for label, t in blocks_of.items():
+                    if args[0] is t:
+                        parts = [o for o in outs if isinstance(o, torch.Tensor) and o.dim() == t.dim()
+                                 and o.shape[-1] == t.shape[-1] and 0 < o.shape[-2] < t.shape[-2]]
+                        if parts:
+                            self.rows[label] = max(self.rows.get(label, 0), *(o.shape[-2] for o in parts))
             if record_tiles and name in ("matmul", "__matmul__", "bmm", "einsum", "mm") and \
                     isinstance(out, torch.Tensor) and out.dim() >= 2 and out.shape[-1] != record_tiles:
                 self.tiles.append(tuple(out.shape))
@@ -374,6 +392,7 @@ _BWD_MISTAKES = {
 def check_tiled_backward(tiled_backward, cases):
     """tiled_backward(q, k, v, o, lse, do, block_m, block_n, causal) -> (dq, dk, dv), never forming the N x N
     matrix, checked against autograd through SDPA (float64) on float32 inputs."""
+    from common import attention
     import torch
     import torch.nn.functional as F
     from common.checks import expect_close
@@ -398,9 +417,10 @@ def check_tiled_backward(tiled_backward, cases):
         o, lse = o64.detach().float(), torch.logsumexp(s, -1).float()
         inputs = (q, k, v, o, lse, do)
         copies = [t.clone() for t in inputs]
-        guard = _full_matrix_guard(n, n, max(bm, bn))
+        guard = _full_matrix_guard(n, n, max(bm, bn), blocks_of={"q": q, "k": k})
         with guard:
-            out = learner_call(tiled_backward, (q, k, v, o, lse, do, bm, bn, causal), f"tiled_backward for {where}")
+            out = learner_call(tiled_backward, (q, k, v, o, lse, do, bm, bn, causal), f"tiled_backward for {where}",
+                               (attention.tiled_attention_backward, attention.flash_attention_backward))
         expect(isinstance(out, (tuple, list)) and len(out) == 3,
                f"tiled_backward(...) for {where} must return a tuple (dq, dk, dv); got {type(out).__name__}"
                + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""))
@@ -410,6 +430,11 @@ def check_tiled_backward(tiled_backward, cases):
         if guard.seen:
             fail(f"{where}: {guard.seen[0]} produced a tensor of shape {guard.seen[1]}: the N x N matrix was "
                  f"formed -- work on (block_m x block_n) tiles of S and P only")
+        for name, block, other in (("q", bm, "block_m"), ("k", bn, "block_n")):
+            if guard.rows.get(name, 0) > block:
+                fail(f"{where}: {name} was cut into blocks of {guard.rows[name]} rows, more than {other}={block}"
+                     + (" -- are block_m (query rows) and block_n (keys) swapped?" if guard.rows[name] in (bm, bn)
+                        else f" -- take blocks of at most {other} rows"))
         got = [torch.as_tensor(t).detach().double() for t in out]
         refs = (q64.grad, k64.grad, v64.grad)
         for g, r, name in zip(got, refs, ("dq", "dk", "dv")):

@@ -26,7 +26,8 @@ def check_one_f_one_b_order(one_f_one_b_order, cases):
 def _check_one_f_one_b(one_f_one_b_order, rng):
     cases = _one_f_one_b_cases(rng)
     for pp, m, s in cases:
-        got = learner_call(one_f_one_b_order, (pp, m, s), f"one_f_one_b_order({pp}, {m}, {s})")
+        got = learner_call(one_f_one_b_order, (pp, m, s), f"one_f_one_b_order({pp}, {m}, {s})",
+                           (pipeline.one_f_one_b_order, pipeline.build))
         expect(isinstance(got, (list, tuple)), f"one_f_one_b_order({pp}, {m}, {s}) returned {type(got).__name__}; "
                                                f"return a list of ('F', j) / ('B', j) pairs")
         bad = [x for x in got if not (isinstance(x, (list, tuple)) and len(x) == 2)]
@@ -98,7 +99,7 @@ def _check_bubble(bubble, rng):
     for name, pp, F, B, W, FB in cases:
         expected = _bubble_reference(name, pp, F, B, W, FB)
         what = f"bubble({name!r}, pp={pp}, F={F}, B={B}, W={W}, FB={FB})"
-        got = as_number(learner_call(bubble, (name, pp, F, B, W, FB), what), what,
+        got = as_number(learner_call(bubble, (name, pp, F, B, W, FB), what, (pipeline.bubble_formula,)), what,
                         "a number (the idle time per device)")
         if name == "dualpipe" and abs(got - (pp // 2 - 1) * (F + B + B - 3 * W)) < 1e-9 and abs(FB - F - B) > 1e-9 \
                 and pp > 2:
@@ -132,7 +133,7 @@ def _check_dualpipe_pairs(dualpipe_pairs, rng):
     sizes = [4, 8, 2, 6] + [2 * rng.randint(3, 32) for _ in range(4)]
     for pp in sizes:
         what = f"dualpipe_pairs({pp})"
-        got = learner_call(dualpipe_pairs, (pp,), what)
+        got = learner_call(dualpipe_pairs, (pp,), what, (pipeline.dualpipe_stages,))
         expect(isinstance(got, (list, tuple)) and len(got) == pp,
                f"{what}: expected a list of one pair per rank ({pp} pairs), got "
                f"{got!r}" if not isinstance(got, (list, tuple)) else f"{what}: expected one pair per rank ({pp} "

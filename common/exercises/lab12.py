@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import random
-from unittest import mock
 
 import torch
 
 from common import capstone, traces
-from common.checks import checker, expect, expect_close, fail
+from common.checks import CheckFailed, checker, expect, expect_close, fail
+from common.exercises.cases import learner_call, replayable
 
 
 def _seeded(seed):
@@ -41,17 +41,22 @@ class _MatmulCounter(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _forward_and_grads(fn, x, weights, indices, ws, act):
+def _forward_and_grads(fn, x, weights, indices, ws, act, call=None, used=None):
+    """fn on fresh leaf copies; with `call`, fn is the learner's (a crash is a verdict naming the call, and a call to
+    capstone's own layer is added to `used`)."""
     leaves = [t.clone().requires_grad_() for t in (x, weights, *ws)]
-    out = fn(leaves[0], leaves[1], indices.clone(), leaves[2], leaves[3], leaves[4], act)
-    return out, leaves
+    args = (leaves[0], leaves[1], indices.clone(), leaves[2], leaves[3], leaves[4], act)
+    if call is None:
+        return fn(*args), leaves
+    return learner_call(fn, args, call, (capstone.moe_grouped_forward, capstone.moe_loop_forward), used), leaves
 
 
 @checker("12.3", "grouped MoE forward")
-def check_moe_grouped_forward(fn):
+@replayable
+def check_moe_grouped_forward(fn, cases):
     """fn(x [T,H], weights [T,k], indices [T,k], w_gate [E+1,H,F], w_up [E+1,H,F], w_down [E+1,F,H], act) -> [T,H]:
     the shared expert (index E) on every token plus each token's k experts weighted, grouped by expert."""
-    seed = random.randrange(2**31)
+    seed = cases.seed
     # (tokens, hidden, ffn, experts, k, unused experts): asymmetric sizes, one expert left unused, k=1 and k>1
     cases = [(29, 12, 8, 5, 2, (1,)), (16, 8, 20, 3, 1, ()), (41, 16, 12, 6, 3, (0, 4))]
     for i, (t, h, f, e, k, unused) in enumerate(cases):
@@ -65,11 +70,12 @@ def check_moe_grouped_forward(fn):
             return capstone.swiglu_act(gate, up)
 
         counter = _MatmulCounter()
-        with mock.patch.object(capstone, "moe_grouped_forward", wraps=capstone.moe_grouped_forward) as ref_spy, \
-                mock.patch.object(capstone, "moe_loop_forward", wraps=capstone.moe_loop_forward) as loop_spy:
-            with counter:
-                out, leaves = _forward_and_grads(fn, x, weights, indices, ws, act)
-        if ref_spy.called or loop_spy.called:
+        used: set = set()
+        with counter:
+            out, leaves = _forward_and_grads(fn, x, weights, indices, ws, act,
+                                             f"moe_grouped_forward(x, weights, indices, w_gate, w_up, w_down, act) "
+                                             f"for {where}", used)
+        if used:
             fail(f"{where}: you called common.capstone's own MoE layer; this exercise is to write it (common.moe's "
                  f"dispatch_plan / dispatch / combine are the parts to use)")
         expect(isinstance(out, torch.Tensor), f"{where}: expected a tensor [T, H], got {type(out).__name__}")
@@ -151,12 +157,14 @@ def _idle_cases(seed):
 
 
 @checker("12.1", "idle share from a trace")
-def check_idle_share(fn):
+@replayable
+def check_idle_share(fn, cases):
     """fn(events, window) -> fraction of window (start, end) in which no event (dicts: ts, dur in us) runs."""
-    seed = random.randrange(2**31)
+    seed = cases.seed
     for events, window, kind in _idle_cases(seed):
         given = [dict(e) for e in events]
-        got = fn(given, window)
+        got = learner_call(fn, (given, window), f"idle_share(<{len(events)} events>, {tuple(window)}) ({kind} case)",
+                           (traces.idle_share, traces.merged_intervals))
         expect(given == events, f"your function modified the events list (case {kind!r}); read it, do not change it")
         expected = traces.idle_share(events, window)
         lo, hi = window
@@ -255,13 +263,15 @@ _WHY = {
 
 
 @checker("12.2", "equivalence check with a sensible tolerance")
-def check_equivalent(fn):
+@replayable
+def check_equivalent(fn, cases):
     """fn(ref, got) -> True when got's output and gradients (dicts name -> tensor or None) match ref's within a
     tolerance that accepts float32 rounding and rejects real bugs."""
-    seed = random.randrange(2**31)
+    seed = cases.seed
     right, wrong = _cases(seed)
     for what, ref, got in right:
-        verdict = fn({k: v.clone() for k, v in ref.items()}, got)
+        verdict = learner_call(fn, ({k: v.clone() for k, v in ref.items()}, got), f"equivalent(ref, got) for {what}",
+                               (capstone.equivalent,))
         if verdict is not True and verdict is not False and not isinstance(verdict, (bool, torch.Tensor)):
             fail(f"expected True or False, got {type(verdict).__name__} {verdict!r}")
         if not bool(verdict):
@@ -273,10 +283,14 @@ def check_equivalent(fn):
     passed = {}
     for key, what, ref, got in wrong:
         try:
-            verdict = fn({k: v.clone() for k, v in ref.items()}, got)
-        except (KeyError, TypeError, AttributeError, RuntimeError) as exc:
-            fail(f"{what}: your check crashed with {type(exc).__name__}: {exc}; return False instead "
-                 f"({_WHY[key]})")
+            verdict = learner_call(fn, ({k: v.clone() for k, v in ref.items()}, got),
+                                   f"equivalent(ref, got) for {what}", (capstone.equivalent,))
+        except CheckFailed as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, (KeyError, TypeError, AttributeError, RuntimeError)):
+                raise
+            fail(f"equivalent(ref, got) for {what}: your check crashed with {type(cause).__name__}: {cause}; return "
+                 f"False instead ({_WHY[key]})")
         if bool(verdict):
             passed[key] = what
     if passed:
