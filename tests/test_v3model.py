@@ -95,3 +95,17 @@ def test_bad_inputs():
         v3model.predict(schedule="gpipe")
     with pytest.raises(ValueError, match="step_seconds"):
         v3model.gpu_hours_per_t_tokens(0, 1, 1)
+
+
+def test_memory_follows_deepseeks_recipe():
+    # lab 09 / 13: BF16 weights, FP32 grads, FP32 master + two BF16 moments sharded by ZeRO-1, EMA on the CPU,
+    # activations for PP + 1 chunks under DualPipe (PP under 1F1B)
+    x = v3model.defaults()
+    m = v3model.memory_gb(x)
+    assert m["grads"] == pytest.approx(2 * m["weights"])  # 4-byte gradients beside 2-byte weights
+    assert set(m) == {"weights", "grads", "optimizer", "activations", "total", "hbm"}
+    assert m["total"] == pytest.approx(m["weights"] + m["grads"] + m["optimizer"] + m["activations"])
+    assert m["total"] == pytest.approx(60.33, abs=0.05) and m["hbm"] == 80
+    one_f = v3model.memory_gb(dataclasses.replace(x, schedule="1f1b"))
+    assert one_f["activations"] == pytest.approx(m["activations"] * x.pp / (x.pp + 1))
+    assert one_f["weights"] == pytest.approx(m["weights"] / 2)  # DualPipe holds two stages: 2x the parameters
