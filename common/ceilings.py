@@ -144,10 +144,6 @@ def gpu_l2_bytes() -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- ceilings
-def _best(t: timing.Timing) -> float:
-    return min(t.times) if t.times else t.median_s
-
-
 def measure_copy_bandwidth(nbytes: int | None = None, device: str | None = None, min_run_time: float = 0.2,
                            n_threads: int | None = None, best: bool = False) -> Ceiling:
     """Copy a buffer of `nbytes` (default: past the last-level cache) into another; GB/s of read + write.
@@ -167,7 +163,7 @@ def measure_copy_bandwidth(nbytes: int | None = None, device: str | None = None,
                          flush_l2=False)
     if not torch.equal(dst, src):
         raise RuntimeError("copy produced a different buffer: the measurement is void")
-    seconds = _best(t) if best else t.median_s
+    seconds = t.best_s if best else t.median_s
     gbps = copy_bytes(n * 4) / seconds / 1e9
     where = f"{used} thread{'s' if used > 1 else ''}" if dev == "cpu" else "GPU"
     return Ceiling("copy bandwidth", gbps, "GB/s",
@@ -209,7 +205,7 @@ def measure_matmul_rate(n: int | None = None, dtype=None, device: str | None = N
     dname = str(dtype).replace('torch.', '')
     with threads(n_threads if dev == "cpu" else None) as used:
         t = timing.bench(torch.matmul, a, b, label=f"matmul {n}x{n} {dname}", device=dev, min_run_time=min_run_time)
-    gflops = matmul_flops(n, n, n) / (_best(t) if best else t.median_s) / 1e9
+    gflops = matmul_flops(n, n, n) / (t.best_s if best else t.median_s) / 1e9
     where = f"{used} thread{'s' if used > 1 else ''}" if dev == "cpu" else "GPU"
     return Ceiling("matmul rate", gflops, "GFLOP/s",
                    f"{dev}, {n}x{n}x{n}, {dname}, {where}{', best block' if best else ''}", t)
@@ -306,12 +302,16 @@ def raise_to(prof: "MachineProfile", matmul_gflops: float | None = None, copy_gb
     if not raised:
         return prof, []
     from dataclasses import replace
-    prof = replace(prof, **new)
+    return _save(replace(prof, **new)), raised
+
+
+def _save(prof: "MachineProfile") -> "MachineProfile":
+    """Write the profile to build/machine/<fingerprint>.json and serve it to later calls in this process."""
     path = profile_path(prof.fingerprint)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(prof.to_json(), indent=1) + "\n")
     _cached[prof.fingerprint] = prof
-    return prof, raised
+    return prof
 
 
 def profile_path(fp: str | None = None) -> Path:
@@ -364,9 +364,5 @@ def machine_profile(refresh: bool = False, min_run_time: float = 0.3, keep_best:
     if old is not None and old.threads == n_threads and old.copy_buffer_bytes == buf and old.matmul_n == mm_n:
         copy = old.copy if old.copy.value > copy.value else copy
         mm = old.matmul if old.matmul.value > mm.value else mm
-    prof = MachineProfile(fp, dev, n_threads, caches, buf, mm_n, copy, mm,
-                          extras={"device_name": current().device_name})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(prof.to_json(), indent=1) + "\n")
-    _cached[fp] = prof
-    return prof
+    return _save(MachineProfile(fp, dev, n_threads, caches, buf, mm_n, copy, mm,
+                                extras={"device_name": current().device_name}))

@@ -33,6 +33,11 @@ class Timing:
         return self.median_s * 1e6
 
     @property
+    def best_s(self) -> float:
+        """The fastest timed block (the median when no blocks were kept): a ceiling's statistic."""
+        return min(self.times) if self.times else self.median_s
+
+    @property
     def spread(self) -> float:
         """Relative spread: IQR / median (0.05 means the middle half of runs lie within 5%)."""
         return self.iqr_s / self.median_s if self.median_s > 0 else float("nan")

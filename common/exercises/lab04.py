@@ -21,13 +21,12 @@ TOL = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 3e-2, "float16": 1e-2}
 def check_standard_attention_bytes(standard_bytes, cases):
     """standard_bytes(seq_len, head_dim, elem_bytes) -> HBM bytes of one head of standard attention (Algorithm 0)."""
     from common import attention
-    from common.attention import standard_io_bytes
     seed, rng = cases.seed, cases.rng
     # every element size accepted gets a fixed case (asymmetric: N != d, so no two mistakes give one number)
     cases_ = [(1024, 64, 2), (4096, 128, 2), (3000, 80, 4), (777, 32, 1)] + [
         (rng.randint(1, 20000), rng.choice([32, 64, 80, 128, 256]), rng.choice([1, 2, 4])) for _ in range(4)]
     for n, d, b in cases_:
-        expected = standard_io_bytes(n, d, b)
+        expected = attention.standard_io_bytes(n, d, b)
         where = f"standard_bytes(seq_len={n}, head_dim={d}, elem_bytes={b}) (seed {seed})"
         got = learner_call(standard_bytes, (n, d, b), where, (attention.standard_io_bytes,
                                                               attention.count_standard_bytes))
