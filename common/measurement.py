@@ -133,16 +133,30 @@ def relative_mad(samples: Sequence[float]) -> float:
     return 1.4826 * statistics.median(abs(x - m) for x in samples) / m
 
 
+def shift_std_err(baseline: Sequence[float], candidate: Sequence[float]) -> float:
+    """Standard error of the relative shift between two runs' medians, estimated robustly from both runs' spread
+    (relative MAD; 1.25 converts a mean's standard error into a median's)."""
+    n = min(len(baseline), len(candidate))
+    return 1.25 * (relative_mad(baseline) ** 2 + relative_mad(candidate) ** 2) ** 0.5 / n ** 0.5
+
+
 def is_regression(baseline: Sequence[float], candidate: Sequence[float], threshold: float = 0.10) -> bool:
     """Reference rule: the candidate's median is slower by more than `threshold` (relative) AND by more than three
-    standard errors of that difference, estimated robustly from both runs' spread (so a noisy machine needs a
-    bigger shift before it cries regression). Medians and MAD resist outliers; a speed-up never counts."""
+    standard errors of that difference (`shift_std_err`), so a noisy machine needs a bigger shift before it cries
+    regression. Medians and MAD resist outliers; a speed-up never counts."""
     if len(baseline) < 3 or len(candidate) < 3:
         raise ValueError(f"need >= 3 samples on each side, got {len(baseline)} and {len(candidate)}")
     shift = statistics.median(candidate) / statistics.median(baseline) - 1.0
-    n = min(len(baseline), len(candidate))
-    std_err = 1.25 * (relative_mad(baseline) ** 2 + relative_mad(candidate) ** 2) ** 0.5 / n ** 0.5
-    return shift > threshold and shift > 3.0 * std_err
+    return shift > threshold and shift > 3.0 * shift_std_err(baseline, candidate)
+
+
+def surely_caught(shift: float, baseline: Sequence[float], candidate: Sequence[float],
+                  threshold: float = 0.10) -> bool:
+    """Whether `is_regression` catches a true slowdown of `shift` (relative) with near certainty at the noise of
+    these two runs: the measured shift, give or take three standard errors, still clears both of the rule's bars.
+    When it does not, a miss says the machine is too noisy for this many samples, not that the rule is wrong."""
+    err = shift_std_err(baseline, candidate)
+    return shift - 3.0 * err > max(threshold, 3.0 * err)
 
 
 def warm_vs_cold_bandwidth(nbytes: int, n_buffers: int, samples: int = 100, device: str | None = None,
