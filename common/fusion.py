@@ -319,8 +319,10 @@ def measure(label: str, fn, *args, min_bytes: int, modelled_bytes: int | None = 
 
     `min_bytes` is what the computation must move at least (its input read once, its output written once);
     `fraction_of_copy_bw` is min_bytes / time over the copy bandwidth -- the same work for every implementation,
-    so a higher fraction is a faster implementation. `modelled_bytes` is what this implementation moves by the model
-    (intermediates included); its GB/s shows how busy the memory system was.
+    so a higher fraction is a faster implementation. It uses the fastest timed block, like the copy ceiling it is
+    divided by (`copy_ceiling_gbps`): best against best, so a busy moment during either moves neither much.
+    `modelled_bytes` is what this implementation moves by the model (intermediates included); its GB/s (at the
+    median time) shows how busy the memory system was.
     """
     from common import timing
     t = timing.bench(fn, *args, label=label, min_run_time=min_run_time)
@@ -330,7 +332,7 @@ def measure(label: str, fn, *args, min_bytes: int, modelled_bytes: int | None = 
     moved = modelled_bytes if modelled_bytes is not None else min_bytes
     row.update({"MB moved (model)": moved / 1e6, "time_ms": t.ms, "iqr_%": 100 * t.spread,
                 "GB/s moved": moved / t.median_s / 1e9,
-                "fraction_of_copy_bw": fraction_of_copy_bw(min_bytes, t.median_s, copy_gbps)})
+                "fraction_of_copy_bw": fraction_of_copy_bw(min_bytes, t.best_s, copy_gbps)})
     return row
 
 
@@ -357,8 +359,8 @@ class torch_threads:
 
 
 def copy_ceiling_gbps(nbytes: int, device=None, rounds: int = 3, min_run_time: float = 0.05) -> float:
-    """The copy ceiling for a kernel that moves `nbytes` (read + write): the best of `rounds` timings of a copy that
-    moves the same bytes (a float32 buffer of nbytes / 2 copied into another), in GB/s, at the current thread count.
+    """The copy ceiling for a kernel that moves `nbytes` (read + write): the fastest block of `rounds` timings of a
+    copy that moves the same bytes (a float32 buffer of nbytes / 2 copied into another), in GB/s, at the current thread count.
     Same bytes, same cache level, same threads and the same per-call overhead as the kernel compared with it, so a
     kernel cannot exceed it by more than timing noise (a DRAM-sized copy would be beaten by any cache-resident one)."""
     import torch
@@ -370,7 +372,7 @@ def copy_ceiling_gbps(nbytes: int, device=None, rounds: int = 3, min_run_time: f
     src = torch.randn(nbytes // 8, device=dev)
     dst = torch.empty_like(src)
     moved = 2 * src.numel() * src.element_size()
-    best = min(timing.bench(dst.copy_, src, min_run_time=min_run_time, device=str(dev)).median_s
+    best = min(timing.bench(dst.copy_, src, min_run_time=min_run_time, device=str(dev)).best_s
                for _ in range(rounds))
     return moved / best / 1e9
 

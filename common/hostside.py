@@ -33,8 +33,8 @@ def consumer_idle(loader, step_ms: float, max_batches: int | None = None) -> dic
     """Run a consumer that spends `step_ms` per batch (the training step, a sleep here) over `loader`.
 
     Returns wall time, time spent waiting for the next batch, the idle fraction (wait / wall), the steady-state idle
-    fraction (the same without the first batch, whose wait is pipeline start-up: forking workers, filling queues)
-    and the batches seen."""
+    fraction and wait per batch (the same without the first batch, whose wait is pipeline start-up: forking workers,
+    filling queues) and the batches seen."""
     waited, first_wait, steps = 0.0, 0.0, 0
     start = time.perf_counter()
     it = iter(loader)
@@ -53,33 +53,73 @@ def consumer_idle(loader, step_ms: float, max_batches: int | None = None) -> dic
     del it  # shuts the worker processes down
     steady_wall = wall - first_wait
     return {"wall_s": wall, "wait_s": waited, "idle_fraction": waited / wall if wall else 0.0,
-            "steady_idle_fraction": (waited - first_wait) / steady_wall if steady_wall > 0 else 0.0, "batches": steps}
+            "steady_idle_fraction": (waited - first_wait) / steady_wall if steady_wall > 0 else 0.0,
+            "steady_wait_ms": (waited - first_wait) / (steps - 1) * 1e3 if steps > 1 else 0.0, "batches": steps}
+
+
+def _loader(n_items: int, batch_size: int, item_ms: float, workers: int, prefetch_factor: int = 2):
+    kwargs = {"prefetch_factor": prefetch_factor, "persistent_workers": False} if workers > 0 else {}
+    return torch.utils.data.DataLoader(SlowDataset(n_items, item_ms), batch_size=batch_size, num_workers=workers,
+                                       **kwargs)
 
 
 def loader_idle_sweep(workers=(0, 1, 2), n_items: int = 96, batch_size: int = 4, item_ms: float = 2.0,
                       step_ms: float = 8.0, prefetch_factor: int = 2) -> list[dict]:
-    """consumer_idle for each DataLoader worker count (0 = loading in the training process itself)."""
+    """consumer_idle for each DataLoader worker count (0 = loading in the training process itself). The workers
+    sleep rather than compute, so more of them than cores is fine here (PyTorch's warning about it is silenced)."""
+    import warnings
     rows = []
     for w in workers:
         if w < 0:
             raise ValueError(f"workers={w} must be >= 0")
-        kwargs = {"prefetch_factor": prefetch_factor, "persistent_workers": False} if w > 0 else {}
-        loader = torch.utils.data.DataLoader(SlowDataset(n_items, item_ms), batch_size=batch_size, num_workers=w,
-                                             **kwargs)
-        rows.append({"workers": w, **consumer_idle(loader, step_ms)})
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+            rows.append({"workers": w, **consumer_idle(_loader(n_items, batch_size, item_ms, w, prefetch_factor),
+                                                       step_ms)})
     return rows
 
 
-def predicted_idle_fraction(workers: int, load_ms: float, step_ms: float) -> float:
-    """Steady-state idle fraction of the consumer: loading in-process serialises load and step; w workers
-    produce w batches per load_ms in parallel with the step."""
-    if workers < 0 or load_ms < 0 or step_ms <= 0:
-        raise ValueError(f"workers={workers}, load_ms={load_ms}, step_ms={step_ms}: need workers >= 0, "
-                         f"load_ms >= 0, step_ms > 0")
+def batch_cost_ms(batch_size: int = 4, item_ms: float = 2.0, n_batches: int = 12) -> float:
+    """The model's load time L: the median time to produce one batch in this process (no workers, no step), the
+    sleeps' overshoot and the collation included."""
+    if n_batches < 1:
+        raise ValueError(f"n_batches={n_batches} must be >= 1")
+    times, it = [], iter(_loader(n_batches * batch_size, batch_size, item_ms, 0))
+    for _ in range(n_batches):
+        t0 = time.perf_counter()
+        next(it)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def handoff_ms(step_ms: float, batch_size: int = 4, workers: int = 2, n_batches: int = 40) -> float:
+    """The model's hand-off cost h: the consumer's median wait per batch when loading is free (a dataset that does
+    not sleep), i.e. what it takes to get a ready batch from a worker (a queue, tensors rebuilt from shared memory).
+    The first batches (workers starting) are left out; the median ignores a wait stretched by another process."""
+    if step_ms <= 0 or n_batches < 8:
+        raise ValueError(f"step_ms={step_ms} must be > 0 and n_batches={n_batches} >= 8")
+    waits, it = [], iter(_loader(n_batches * batch_size, batch_size, 0.0, workers))
+    for _ in range(n_batches):
+        t0 = time.perf_counter()
+        next(it)
+        waits.append((time.perf_counter() - t0) * 1e3)
+        time.sleep(step_ms / 1e3)
+    del it  # shuts the worker processes down
+    steady = sorted(waits[workers * 2:])
+    return steady[len(steady) // 2]
+
+
+def predicted_idle_fraction(workers: int, load_ms: float, step_ms: float, handoff_ms: float = 0.0) -> float:
+    """Steady-state idle fraction of the consumer. Loading in-process serialises load and step: L / (L + S).
+    With w workers a batch is ready every L / w; the consumer also pays the hand-off h for every batch it takes
+    from a worker, so it cycles every max(L / w, S + h) and idles that cycle minus its step."""
+    if workers < 0 or load_ms < 0 or step_ms <= 0 or handoff_ms < 0:
+        raise ValueError(f"workers={workers}, load_ms={load_ms}, step_ms={step_ms}, handoff_ms={handoff_ms}: need "
+                         f"workers >= 0, load_ms >= 0, step_ms > 0, handoff_ms >= 0")
     if workers == 0:
         return load_ms / (load_ms + step_ms)
-    per_batch = load_ms / workers  # the pipeline's throughput
-    return max(0.0, per_batch - step_ms) / max(per_batch, step_ms)
+    cycle = max(load_ms / workers, step_ms + handoff_ms)
+    return (cycle - step_ms) / cycle
 
 
 def h2d_copy_seconds(nbytes: float, link_gbs: float, memcpy_gbs: float, pinned: bool) -> float:

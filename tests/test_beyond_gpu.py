@@ -36,8 +36,14 @@ def test_predicted_idle():
     assert hostside.predicted_idle_fraction(0, 8, 8) == 0.5
     assert hostside.predicted_idle_fraction(1, 8, 8) == 0.0
     assert hostside.predicted_idle_fraction(1, 16, 8) == 0.5
+    # the hand-off: worker-bound runs hide it, consumer-bound runs idle for it
+    assert hostside.predicted_idle_fraction(1, 16, 8, handoff_ms=2) == 0.5
+    assert hostside.predicted_idle_fraction(4, 16, 8, handoff_ms=2) == pytest.approx(0.2)
+    assert hostside.predicted_idle_fraction(0, 8, 8, handoff_ms=2) == 0.5
     with pytest.raises(ValueError, match="step_ms=0"):
         hostside.predicted_idle_fraction(1, 8, 0)
+    with pytest.raises(ValueError, match="handoff_ms=-1"):
+        hostside.predicted_idle_fraction(1, 8, 8, handoff_ms=-1)
 
 
 @pytest.mark.notebooks
@@ -45,6 +51,14 @@ def test_loader_workers_reduce_idle():
     rows = hostside.loader_idle_sweep(workers=(0, 2), n_items=48, batch_size=4, item_ms=3, step_ms=12)
     assert rows[0]["batches"] == rows[1]["batches"] == 12
     assert rows[0]["idle_fraction"] > 0.3 and rows[1]["idle_fraction"] < rows[0]["idle_fraction"]
+
+
+@pytest.mark.notebooks
+def test_model_inputs_are_measured():
+    assert 4 * 3 <= hostside.batch_cost_ms(batch_size=4, item_ms=3, n_batches=4) < 4 * 3 * 5
+    assert 0 <= hostside.handoff_ms(5.0, n_batches=8) < 50
+    with pytest.raises(ValueError, match="n_batches=2"):
+        hostside.handoff_ms(5.0, n_batches=2)
 
 
 def test_h2d_model():

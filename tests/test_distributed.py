@@ -1,5 +1,6 @@
 """The process launcher: results by rank, errors with rank and traceback, timeouts, interrupts, no leftovers."""
 import _thread
+import signal
 import threading
 
 import psutil
@@ -47,7 +48,10 @@ def test_timeout_stops_everything():
 
 
 def _interrupted_run(after_s: float) -> None:
-    """A run of sleeping workers interrupted (KeyboardInterrupt, the notebook's stop button) after `after_s`."""
+    """A run of sleeping workers interrupted (KeyboardInterrupt, the notebook's stop button) after `after_s`.
+    Python's own SIGINT handler is put in place first: `interrupt_main` does nothing while SIGINT is ignored, and an
+    earlier test in the same process (a library that starts helper processes) may have left it so."""
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(after_s, _thread.interrupt_main)
     timer.start()
     try:
@@ -55,6 +59,7 @@ def _interrupted_run(after_s: float) -> None:
             D.run_workers(D.sleeping_worker, 2, args=(60,), backend="gloo", timeout=60)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, saved)
     _assert_nothing_left()
 
 
