@@ -155,7 +155,8 @@ def test_measure_row():
                          kernels=4, min_run_time=0.01, n=1000)
     assert row["implementation"] == "eager" and row["kernels"] == 4 and row["n"] == 1000
     assert row["time_ms"] > 0 and row["MB moved (model)"] == pytest.approx(0.032)
-    assert row["fraction_of_copy_bw"] == pytest.approx(8000 / (row["time_ms"] * 1e-3) / 1e9)
+    # the fraction uses the fastest block (best against the copy ceiling's best), so it is at least the median's
+    assert row["fraction_of_copy_bw"] >= 8000 / (row["time_ms"] * 1e-3) / 1e9 * (1 - 1e-9)
 
 
 def test_compile_and_capture_fuses_the_chain():
