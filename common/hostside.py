@@ -4,6 +4,7 @@ this machine's NUMA topology and thread affinity.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -29,28 +30,35 @@ class SlowDataset(torch.utils.data.Dataset):
         return torch.randn(self.shape, generator=g), i % 10
 
 
+def _timed_batches(loader, step_ms: float, max_batches: int | None = None) -> tuple[list[float], float]:
+    """Take batches from `loader` (at most `max_batches`), spending `step_ms` (a sleep) after each: the wait for each
+    batch in ms, and the wall time in s. The iterator is dropped at the end, which shuts worker processes down."""
+    waits = []
+    start = time.perf_counter()
+    it = iter(loader)
+    while max_batches is None or len(waits) < max_batches:
+        t0 = time.perf_counter()
+        try:
+            next(it)
+        except StopIteration:
+            break
+        waits.append((time.perf_counter() - t0) * 1e3)
+        if step_ms:
+            time.sleep(step_ms / 1e3)
+    wall = time.perf_counter() - start
+    del it
+    return waits, wall
+
+
 def consumer_idle(loader, step_ms: float, max_batches: int | None = None) -> dict:
     """Run a consumer that spends `step_ms` per batch (the training step, a sleep here) over `loader`.
 
     Returns wall time, time spent waiting for the next batch, the idle fraction (wait / wall), the steady-state idle
     fraction and wait per batch (the same without the first batch, whose wait is pipeline start-up: forking workers,
     filling queues) and the batches seen."""
-    waited, first_wait, steps = 0.0, 0.0, 0
-    start = time.perf_counter()
-    it = iter(loader)
-    while max_batches is None or steps < max_batches:
-        t0 = time.perf_counter()
-        try:
-            next(it)
-        except StopIteration:
-            break
-        waited += time.perf_counter() - t0
-        if steps == 0:
-            first_wait = waited
-        time.sleep(step_ms / 1e3)
-        steps += 1
-    wall = time.perf_counter() - start
-    del it  # shuts the worker processes down
+    waits, wall = _timed_batches(loader, step_ms, max_batches)
+    steps = len(waits)
+    waited, first_wait = sum(waits) / 1e3, (waits[0] / 1e3 if waits else 0.0)
     steady_wall = wall - first_wait
     return {"wall_s": wall, "wait_s": waited, "idle_fraction": waited / wall if wall else 0.0,
             "steady_idle_fraction": (waited - first_wait) / steady_wall if steady_wall > 0 else 0.0,
@@ -84,12 +92,8 @@ def batch_cost_ms(batch_size: int = 4, item_ms: float = 2.0, n_batches: int = 12
     sleeps' overshoot and the collation included."""
     if n_batches < 1:
         raise ValueError(f"n_batches={n_batches} must be >= 1")
-    times, it = [], iter(_loader(n_batches * batch_size, batch_size, item_ms, 0))
-    for _ in range(n_batches):
-        t0 = time.perf_counter()
-        next(it)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
+    times, _ = _timed_batches(_loader(n_batches * batch_size, batch_size, item_ms, 0), 0.0)
+    return statistics.median_high(times)
 
 
 def handoff_ms(step_ms: float, batch_size: int = 4, workers: int = 2, n_batches: int = 40) -> float:
@@ -98,15 +102,8 @@ def handoff_ms(step_ms: float, batch_size: int = 4, workers: int = 2, n_batches:
     The first batches (workers starting) are left out; the median ignores a wait stretched by another process."""
     if step_ms <= 0 or n_batches < 8:
         raise ValueError(f"step_ms={step_ms} must be > 0 and n_batches={n_batches} >= 8")
-    waits, it = [], iter(_loader(n_batches * batch_size, batch_size, 0.0, workers))
-    for _ in range(n_batches):
-        t0 = time.perf_counter()
-        next(it)
-        waits.append((time.perf_counter() - t0) * 1e3)
-        time.sleep(step_ms / 1e3)
-    del it  # shuts the worker processes down
-    steady = sorted(waits[workers * 2:])
-    return steady[len(steady) // 2]
+    waits, _ = _timed_batches(_loader(n_batches * batch_size, batch_size, 0.0, workers), step_ms)
+    return statistics.median_high(waits[workers * 2:])
 
 
 def predicted_idle_fraction(workers: int, load_ms: float, step_ms: float, handoff_ms: float = 0.0) -> float:
