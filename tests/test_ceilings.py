@@ -61,16 +61,20 @@ def test_machine_profile_measured_once(tmp_path, monkeypatch):
         calls.append(1)
         return real(*a, **k)
     monkeypatch.setattr(ceilings, "measure_copy_bandwidth", counting)
-    per_measure = len({1, torch.get_num_threads()})  # one thread and all threads, the better kept
-    p1 = ceilings.machine_profile(min_run_time=0.01)
+    # one thread and all threads, the better kept, in each of 3 rounds
+    per_measure = 3 * len({1, torch.get_num_threads()})
+    p1 = ceilings.machine_profile(min_run_time=0.01, rounds=3)
     assert len(calls) == per_measure and (tmp_path / f"{p1.fingerprint}.json").exists()
+    assert p1.copy.detail.endswith("of 3 rounds") and p1.matmul.detail.endswith("of 3 rounds")
     monkeypatch.setattr(ceilings, "_cached", {})  # a new process: read from disk, measure nothing
     p2 = ceilings.machine_profile()
     assert len(calls) == per_measure
     assert p2.copy.value == p1.copy.value and p2.matmul.value == p1.matmul.value and p2.threads == p1.threads
     assert p2.roof().ridge == pytest.approx(p1.matmul.value / p1.copy.value)
-    ceilings.machine_profile(refresh=True, min_run_time=0.01)
+    ceilings.machine_profile(refresh=True, min_run_time=0.01, rounds=3)
     assert len(calls) == 2 * per_measure
+    with pytest.raises(ValueError, match="rounds=0"):
+        ceilings.machine_profile(refresh=True, rounds=0)
     assert "copy bandwidth" in p2.summary() and "thread" in p2.summary()
 
 
@@ -83,13 +87,13 @@ def test_keep_best_never_lowers_a_ceiling(tmp_path, monkeypatch):
     monkeypatch.setattr(ceilings, "MACHINE_DIR", tmp_path)
     monkeypatch.setattr(ceilings, "_cached", {})
     monkeypatch.setattr(ceilings, "dram_buffer_bytes", lambda caches=None, device="cpu": 2**22)
-    first = ceilings.machine_profile(min_run_time=0.01)
+    first = ceilings.machine_profile(min_run_time=0.01, rounds=2)
     first.copy.value *= 100  # pretend a quiet machine once measured far more
     import json
     ceilings.profile_path(first.fingerprint).write_text(json.dumps(first.to_json()))
-    again = ceilings.machine_profile(refresh=True, keep_best=True, min_run_time=0.01)
+    again = ceilings.machine_profile(refresh=True, keep_best=True, min_run_time=0.01, rounds=2)
     assert again.copy.value == first.copy.value
-    reset = ceilings.machine_profile(refresh=True, min_run_time=0.01)
+    reset = ceilings.machine_profile(refresh=True, min_run_time=0.01, rounds=2)
     assert reset.copy.value < first.copy.value
 
 
@@ -97,7 +101,7 @@ def test_raise_to_keeps_the_best_demonstrated_rate(tmp_path, monkeypatch):
     monkeypatch.setattr(ceilings, "MACHINE_DIR", tmp_path)
     monkeypatch.setattr(ceilings, "_cached", {})
     monkeypatch.setattr(ceilings, "dram_buffer_bytes", lambda caches=None, device="cpu": 2**22)
-    prof = ceilings.machine_profile(min_run_time=0.01)
+    prof = ceilings.machine_profile(min_run_time=0.01, rounds=2)
     same, lines = ceilings.raise_to(prof, matmul_gflops=prof.matmul.value / 2, source="a slow kernel")
     assert same is prof and lines == []
     up, lines = ceilings.raise_to(prof, matmul_gflops=prof.matmul.value * 3, source="lab 02's GEMM")
