@@ -50,7 +50,10 @@ def test_predicted_idle():
 def test_loader_workers_reduce_idle():
     rows = hostside.loader_idle_sweep(workers=(0, 2), n_items=48, batch_size=4, item_ms=3, step_ms=12)
     assert rows[0]["batches"] == rows[1]["batches"] == 12
-    assert rows[0]["idle_fraction"] > 0.3 and rows[1]["idle_fraction"] < rows[0]["idle_fraction"]
+    # the steady state: the whole run's idle fraction also holds the workers' start-up (a fork and imports, which on
+    # a loaded machine can outlast this short run), the thing the comparison is not about
+    assert rows[0]["steady_idle_fraction"] > 0.3
+    assert rows[1]["steady_idle_fraction"] < rows[0]["steady_idle_fraction"]
 
 
 @pytest.mark.notebooks
