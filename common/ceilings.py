@@ -150,24 +150,34 @@ def measure_copy_bandwidth(nbytes: int | None = None, device: str | None = None,
 
     `n_threads`: torch CPU threads for the copy (None: torch's current count). `best=True` reports the fastest timed
     block (a ceiling, robust to a busy machine) instead of the median."""
-    import torch
     dev = _device(device)
-    nbytes = nbytes or dram_buffer_bytes(device=dev)
+    src, dst = _copy_buffers(nbytes or dram_buffer_bytes(device=dev), dev)
+    return _time_copy(src, dst, dev, min_run_time, n_threads, best)
+
+
+def _copy_buffers(nbytes: int, dev: str):
+    """A random float32 source of `nbytes` and a destination of the same size (filling 2 x 128 MiB takes about
+    0.2 s on a CPU, so the rounds of `machine_profile` share one pair)."""
+    import torch
     if not isinstance(nbytes, int) or nbytes < 1024:
         raise ValueError(f"nbytes={nbytes!r} is too small to measure bandwidth; use an int of at least 1024 bytes")
-    n = nbytes // 4
-    src = torch.rand(n, device=dev)
-    dst = torch.empty_like(src)
+    src = torch.rand(nbytes // 4, device=dev)
+    return src, torch.empty_like(src)
+
+
+def _time_copy(src, dst, dev: str, min_run_time: float, n_threads: int | None, best: bool) -> Ceiling:
+    """Time `dst.copy_(src)`, verify the copy, and report it as a copy-bandwidth Ceiling."""
+    import torch
+    nbytes = src.numel() * src.element_size()
     with threads(n_threads if dev == "cpu" else None) as used:
-        t = timing.bench(dst.copy_, src, label=f"copy {format_bytes(n * 4)}", device=dev, min_run_time=min_run_time,
+        t = timing.bench(dst.copy_, src, label=f"copy {format_bytes(nbytes)}", device=dev, min_run_time=min_run_time,
                          flush_l2=False)
     if not torch.equal(dst, src):
         raise RuntimeError("copy produced a different buffer: the measurement is void")
-    seconds = t.best_s if best else t.median_s
-    gbps = copy_bytes(n * 4) / seconds / 1e9
+    gbps = copy_bytes(nbytes) / (t.best_s if best else t.median_s) / 1e9
     where = f"{used} thread{'s' if used > 1 else ''}" if dev == "cpu" else "GPU"
     return Ceiling("copy bandwidth", gbps, "GB/s",
-                   f"{dev}, {format_bytes(n * 4)} buffer, read+write, {where}{', best block' if best else ''}", t)
+                   f"{dev}, {format_bytes(nbytes)} buffer, read+write, {where}{', best block' if best else ''}", t)
 
 
 def format_bytes(nbytes: int) -> str:
@@ -340,6 +350,8 @@ def machine_profile(refresh: bool = False, min_run_time: float = 0.1, keep_best:
     `keep_best=True` (lab 00's re-measurement) keeps, per ceiling, the higher of the saved and the new value: a
     ceiling is the best this machine has shown, so a run on a busy machine cannot lower the roof that later points
     are judged against. `refresh=True` alone replaces both (after a hardware or configuration change)."""
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds={rounds!r} must be an int >= 1")
     fp = fingerprint()
     path = profile_path(fp)
     old = None
@@ -367,11 +379,10 @@ def machine_profile(refresh: bool = False, min_run_time: float = 0.1, keep_best:
     # each ceiling: the best over one thread and all threads (on a busy machine a straggling second thread can make
     # the all-thread copy slower than one core's)
     counts = sorted({1, n_threads}) if dev == "cpu" else [None]
-    if not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds={rounds!r} must be an int >= 1")
+    src, dst = _copy_buffers(buf, dev)
     copies, mms = [], []
     for _ in range(rounds):
-        copies += [measure_copy_bandwidth(buf, dev, min_run_time, n_threads=t, best=True) for t in counts]
+        copies += [_time_copy(src, dst, dev, min_run_time, t, best=True) for t in counts]
         mms += [measure_matmul_rate(mm_n, device=dev, min_run_time=min_run_time, n_threads=t, best=True)
                 for t in counts]
     copy, mm = (_best_of(found, rounds) for found in (copies, mms))
