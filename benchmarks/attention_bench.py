@@ -50,7 +50,8 @@ def main(argv=None) -> int:
     if args.summarize_ncu:
         return summarize_ncu(*args.summarize_ncu)
 
-    from common import attention, setup
+    from common import setup
+    from common.kernels import attention
     env = setup("04_flash_attention", "full" if gpu else "quick")
     dtype = getattr(torch, args.dtype)
     heads = args.heads or (max(1, 2048 // args.head_dim) if gpu else 2)
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
 
 def train(args, gpu, dtype, env) -> None:
     """Forward, backward and fwd+bwd: Triton (flash_attn_func) and SDPA side by side, causal and not."""
-    from common import attention
+    from common.kernels import attention
     seqs = args.train_seqs or (args.seqs if gpu else [64])
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     rows = attention.train_benchmark(seqs, head_dims=args.train_head_dims, causal_modes=causal,
@@ -129,12 +130,12 @@ def aot_table(path: str) -> int:
     import csv
     import datetime
     import triton
-    from common import attention
+    from common.kernels import attention
     rows = attention.aot_table(90)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as f:
-        f.write(f"# sm_90 ahead-of-time compile of common/attention.py kernels, bf16, causal; triton {triton.__version__}, "
+        f.write(f"# sm_90 ahead-of-time compile of common/kernels/attention.py kernels, bf16, causal; triton {triton.__version__}, "
                 f"{datetime.date.today().isoformat()}; limit = H200-SXM smem_per_block_kib (data/hardware.json)\n")
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -154,7 +155,7 @@ def torch_profile(out_dir, q, k, v, impls, env) -> int:
     import datetime
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
-    from common import attention
+    from common.kernels import attention
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if q.is_cuda else [])
     b, h, n, d = q.shape
     out = Path(out_dir)

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from common import eplb, moe  # noqa: E402
+from common.moe import eplb, moe
 
 
 def timed(fn, repeats: int):

@@ -12,7 +12,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import pipeline  # noqa: E402
+from common.parallel import pipeline
 
 TARGET_S = 1.0
 SIZES = [(8, 20), (16, 128), (64, 512)]

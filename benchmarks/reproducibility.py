@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import runner  # noqa: E402
+from common.core import runner
 
 WITHIN = 0.15
 

@@ -1,9 +1,15 @@
 """The workbook's helper package. Start every notebook with `from common import setup; env = setup("NN_name", PROFILE)`.
 
-Modules, one job each: env (profile, device, Triton mode, inventory), timing (bench, compare), checks (exercise
-verdicts), results (the ledger), plots (house style), widgets (interactive or static), notebooks (labs generator),
-runner (papermill runs and the report). Lab-specific modules (roofline, hardware, moe, ...) sit beside them.
+Packages by concern, imports pointing down this list (tests/test_layout.py enforces it):
+- core: the workbook's machinery (env, timing, measurement, ceilings, checks, results, plots, widgets, notebooks,
+  runner, grading, traces);
+- facts: data/ read with sources (hardware, models);
+- kernels: roofline, fusion, attention, low precision (labs 02-05);
+- moe: routing, dispatch, load balancing, EPLB (lab 06);
+- parallel: launcher, collectives, expert parallelism, pipelines, overlap, DDP (labs 07-08);
+- systems: topology, scale and cost, host side, memory, KV cache, sharing, capstone, the V3 model (labs 09-13);
+- exercises: one checker module per lab (the top layer).
 """
-from common.env import setup
+from common.core.env import setup
 
 __all__ = ["setup"]

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from common import notebooks, runner
+from common.core import notebooks, runner
 
 
 def main(argv=None) -> int:
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         runner.refresh_solutions(runner.select(a.labs))
         return 0
     if a.cmd == "baseline":
-        from common import results
+        from common.core import results
         records = results.read_ledger(runner.BUILD / "results.jsonl")
         if not records:
             print("build/results.jsonl is empty: run `make run` first")
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
             print(f"wrote {path.relative_to(runner.REPO_ROOT)} ({len(data['results'])} deterministic results)")
         return 0
     if a.cmd == "machine":
-        from common import ceilings, env
+        from common.core import ceilings, env
         env.setup("machine", quiet=True)
         prof = ceilings.machine_profile(refresh=a.refresh)
         print(prof.summary())
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     if a.cmd == "grade":
         from pathlib import Path
 
-        from common import grading
+        from common.core import grading
         try:
             grading.grade(Path(a.dir), Path(a.out), a.cell_timeout, a.notebook_timeout)
         except ValueError as exc:
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
         print(f"wrote {Path(a.out) / 'grades.csv'} and {Path(a.out) / 'summary.md'}")
         return 0
     if a.cmd == "inventory":
-        from common import env
+        from common.core import env
         print(json.dumps(env.inventory(), indent=1))
         return 0
     return 2

@@ -21,7 +21,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
   echo "profile_attention.sh: no CUDA GPU here; the GPU profile summaries stay owed" >&2
   exit 2
 fi
-GPU=$("$PY" -c "import sys; sys.path.insert(0, '.'); import torch; from common.env import identify_gpu; \
+GPU=$("$PY" -c "import sys; sys.path.insert(0, '.'); import torch; from common.core.env import identify_gpu; \
 n = torch.cuda.get_device_name(0); print(identify_gpu(n) or n.replace(' ', '_'))")
 mkdir -p "$OUT" build/profiles
 

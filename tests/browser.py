@@ -57,7 +57,7 @@ class JupyterLab:
         env = dict(os.environ, PYTHONPATH=str(REPO), JUPYTER_RUNTIME_DIR=str(self.root / ".runtime"),
                    JUPYTERLAB_SETTINGS_DIR=str(self.root / ".settings"),
                    JUPYTERLAB_WORKSPACES_DIR=str(self.root / ".workspaces"))
-        for headless_marker in ("WORKBOOK_HEADLESS", "CI", "PAPERMILL_EXECUTION"):  # see common.env.is_headless:
+        for headless_marker in ("WORKBOOK_HEADLESS", "CI", "PAPERMILL_EXECUTION"):  # see common.core.env.is_headless:
             env.pop(headless_marker, None)  # the widgets must be interactive here, also when CI runs this test
         self.log = open(log, "w")
         self.proc = subprocess.Popen(

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 @pytest.fixture(autouse=True)
 def _ledger_in_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBOOK_RESULTS", str(tmp_path / "results.jsonl"))
-    from common import checks
+    from common.core import checks
     checks.reset()
     yield
 

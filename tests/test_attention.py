@@ -1,4 +1,4 @@
-"""common.attention: every implementation against SDPA, byte counts against their closed forms, bad input."""
+"""common.kernels.attention: every implementation against SDPA, byte counts against their closed forms, bad input."""
 import os
 
 import torch
@@ -10,7 +10,7 @@ import math  # noqa: E402
 
 import pytest  # noqa: E402
 
-from common import attention as A  # noqa: E402
+from common.kernels import attention as A
 
 
 def _qkv(b, h, n, d, dtype=torch.float32, device="cpu", scale=1.0):
@@ -172,7 +172,7 @@ def test_kernel_compiles_for_hopper_without_a_gpu():
     from pathlib import Path
     script = (
         "import sys; sys.path.insert(0, '.')\n"
-        "from common import attention as A\n"
+        "from common.kernels import attention as A\n"
         "for causal in (False, True):\n"
         "    c = A.compile_for_gpu(90, head_dim=128, causal=causal)\n"
         "    ptx = c.asm['ptx']\n"
@@ -291,7 +291,7 @@ def test_backward_kernels_compile_for_hopper_without_a_gpu():
     from pathlib import Path
     script = (
         "import sys; sys.path.insert(0, '.')\n"
-        "from common import attention as A\n"
+        "from common.kernels import attention as A\n"
         "lim = A.smem_per_block_bytes('H200-SXM')\n"
         "for kind, d, cfg in [('dkdv', 128, A.BWD_GPU_CONFIGS['dkdv'][0]), ('dq', 128, A.BWD_GPU_CONFIGS['dq'][0]),\n"
         "                     ('fwd', 256, (128, 64, 8, 3)), ('fwd', 256, (64, 32, 4, 4))]:\n"

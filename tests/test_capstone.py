@@ -4,7 +4,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from common import capstone, traces
+from common.core import traces
+from common.systems import capstone
 
 TINY = capstone.BlockConfig(batch=2, seq=12, hidden=16, heads=2, head_dim=8, kv_rank=8, experts=4, top_k=2,
                             n_group=2, topk_group=1, expert_ffn=8)

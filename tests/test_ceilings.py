@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from common import ceilings
+from common.core import ceilings
+from common.kernels import roofline as rl
 
 
 def test_cache_sizes_from_sys(tmp_path):
@@ -70,7 +71,7 @@ def test_machine_profile_measured_once(tmp_path, monkeypatch):
     p2 = ceilings.machine_profile()
     assert len(calls) == per_measure
     assert p2.copy.value == p1.copy.value and p2.matmul.value == p1.matmul.value and p2.threads == p1.threads
-    assert p2.roof().ridge == pytest.approx(p1.matmul.value / p1.copy.value)
+    assert rl.Roof.from_profile(p2).ridge == pytest.approx(p1.matmul.value / p1.copy.value)
     ceilings.machine_profile(refresh=True, min_run_time=0.01, rounds=3)
     assert len(calls) == 2 * per_measure
     with pytest.raises(ValueError, match="rounds=0"):

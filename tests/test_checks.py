@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from common import checks
-from common.checks import CheckFailed, checker, expect_close, expect_equal
+from common.core import checks
+from common.core.checks import CheckFailed, checker, expect_close, expect_equal
 
 
 @checker("99.1", "double it")
@@ -75,7 +75,7 @@ def test_expect_equal_sequences_and_dicts():
 
 
 def test_widgets_static_and_interactive(monkeypatch, capsys):
-    from common import widgets
+    from common.core import widgets
     seen = []
     widgets.explore(lambda n, gpu: seen.append((n, gpu)), n=(1, 9, 1), gpu=["H100-SXM", "B200"])
     assert seen == [(5, "H100-SXM")] and "Static view" in capsys.readouterr().out
@@ -99,7 +99,7 @@ def test_widgets_static_and_interactive(monkeypatch, capsys):
 def test_widget_cell_displays_once():
     """A cell whose last expression is explore(...) shows one widget, not a second copy under Out[n]."""
     from IPython.core.interactiveshell import InteractiveShell
-    from common import widgets
+    from common.core import widgets
     shell = InteractiveShell.instance()
     shown = []
     shell.display_pub.publish = lambda data, *a, **kw: shown.append(data)
@@ -118,8 +118,8 @@ def test_widget_cell_displays_once():
 
 
 def test_progress_lists_every_exercise_of_the_lab(capsys):
-    from common import checks
-    from common.checks import CheckFailed, checker, expect_equal
+    from common.core import checks
+    from common.core.checks import CheckFailed, checker, expect_equal
 
     @checker("97.1", "first")
     def check_first(fn):

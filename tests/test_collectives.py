@@ -1,6 +1,6 @@
 import pytest
 
-from common import collectives as C
+from common.parallel import collectives as C
 
 
 def test_ring_formulas_by_hand():

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from common.env import REPO_ROOT
+from common.core.env import REPO_ROOT
 
 FILES = sorted(p for p in (REPO_ROOT / "data").rglob("*.json") if "baselines" not in p.parts)
 

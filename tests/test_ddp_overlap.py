@@ -1,7 +1,7 @@
 """Bucketed all-reduce overlapped with the backward pass (hooks) and DDP beside it, on 2 gloo ranks."""
 import pytest
 
-from common import ddp_overlap as D
+from common.parallel import ddp_overlap as D
 
 
 def test_buckets_follow_the_backward_order_and_the_cap():
@@ -16,7 +16,7 @@ def test_buckets_follow_the_backward_order_and_the_cap():
 @pytest.mark.parametrize("kwargs,match", [({"world_size": 1}, "world_size=1"), ({"world_size": 10_000}, "world_size=10000"),
                                           ({"bucket_mb": 0}, "bucket_mb=0"), ({"hidden": 0}, "hidden=0")])
 def test_bad_input_before_any_process(monkeypatch, kwargs, match):
-    import common.distributed as dist
+    import common.parallel.distributed as dist
     monkeypatch.setattr(dist, "run_workers", lambda *a, **k: pytest.fail("a process was started"))
     with pytest.raises(ValueError, match=match):
         D.measure_ddp_overlap(**kwargs)

@@ -7,7 +7,7 @@ import psutil
 import pytest
 import torch.distributed  # noqa: F401  (imported here, so an interrupt in a test lands in the run, not in this import)
 
-from common import distributed as D
+from common.parallel import distributed as D
 
 
 def _assert_nothing_left():
@@ -105,9 +105,9 @@ def test_limits_and_ports():
 
 
 def test_torchrun_command():
-    assert D.torchrun_command("common.collectives", 2) == \
-        "torchrun --standalone --nproc-per-node=2 -m common.collectives"
-    cmd = D.torchrun_command("common.collectives", 8, nnodes=2, rdzv_endpoint="node0:29500")
+    assert D.torchrun_command("common.parallel.collectives", 2) == \
+        "torchrun --standalone --nproc-per-node=2 -m common.parallel.collectives"
+    cmd = D.torchrun_command("common.parallel.collectives", 8, nnodes=2, rdzv_endpoint="node0:29500")
     assert "--nnodes=2" in cmd and "--rdzv-endpoint=node0:29500" in cmd and "--nproc-per-node=8" in cmd
     with pytest.raises(ValueError, match="nproc_per_node=0"):
         D.torchrun_command("x", 0)

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from common import env
+from common.core import env
 
 
 def test_auto_resolves_by_device(monkeypatch):

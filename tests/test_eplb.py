@@ -1,11 +1,11 @@
-"""common.eplb: DeepSeek's README example reproduced exactly, invariants of both policies, bad input, speed."""
+"""common.moe.eplb: DeepSeek's README example reproduced exactly, invariants of both policies, bad input, speed."""
 import time
 
 import pytest
 import torch
 
-from common import eplb
-from common.eplb import balanced_packing, rebalance_experts, replicate_experts
+from common.moe import eplb
+from common.moe.eplb import balanced_packing, rebalance_experts, replicate_experts
 
 # The worked example of github.com/deepseek-ai/EPLB README.md: 2 layers x 12 experts, 16 replicas, 4 groups,
 # 2 nodes, 8 GPUs (hierarchical policy) -- input and printed phy2log as published there.

@@ -6,7 +6,7 @@ import re
 import pytest
 
 import common.exercises
-from common.env import REPO_ROOT
+from common.core.env import REPO_ROOT
 
 
 def _checkers():

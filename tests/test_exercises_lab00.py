@@ -1,6 +1,6 @@
 import pytest
 
-from common.checks import CheckFailed
+from common.core.checks import CheckFailed
 from common.exercises import lab00
 
 B = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
@@ -79,8 +79,8 @@ def test_predict_parameters_varied():
 
 
 def test_calling_the_reference_is_caught():
-    from common import ceilings
-    with pytest.raises(CheckFailed, match="calls common.ceilings.matmul_flops"):
+    from common.core import ceilings
+    with pytest.raises(CheckFailed, match="calls common.core.ceilings.matmul_flops"):
         lab00.check_matmul_flops(lambda m, n, k: ceilings.matmul_flops(m, n, k))
-    with pytest.raises(CheckFailed, match="calls common.ceilings.copy_bytes"):
+    with pytest.raises(CheckFailed, match="calls common.core.ceilings.copy_bytes"):
         lab00.check_copy_bytes(lambda n, d: ceilings.copy_bytes(n * B[d]))

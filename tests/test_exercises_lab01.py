@@ -3,9 +3,9 @@ import time
 
 import pytest
 
-from common.checks import CheckFailed
+from common.core.checks import CheckFailed
 from common.exercises.lab01 import check_is_regression, check_time_fn
-from common.measurement import is_regression as reference_rule
+from common.core.measurement import is_regression as reference_rule
 
 
 def right_timer(fn, sync, warmup, repeats):

@@ -1,6 +1,6 @@
 """Lab 03 checkers: right implementations pass, each classic mistake fails with a telling message, stubs are
 "not attempted". The Triton kernels run under the interpreter on a CPU (setup sets TRITON_INTERPRET first)."""
-from common.env import setup
+from common.core.env import setup
 
 setup("test", quiet=True)  # before triton is imported: TRITON_INTERPRET=1 where there is no GPU
 
@@ -9,8 +9,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from common import fusion  # noqa: E402
-from common.checks import CheckFailed  # noqa: E402
+from common.kernels import fusion
+from common.core.checks import CheckFailed  # noqa: E402
 from common.exercises.lab03 import check_chain_bytes, check_softmax, check_vector_add  # noqa: E402
 
 

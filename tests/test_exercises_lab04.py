@@ -12,8 +12,8 @@ import pytest  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from common import attention  # noqa: E402
-from common.checks import CheckFailed  # noqa: E402
+from common.kernels import attention
+from common.core.checks import CheckFailed  # noqa: E402
 from common.exercises import lab04  # noqa: E402
 from learner import own_copy  # noqa: E402
 

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from common import eplb, moe
-from common.checks import CheckFailed
+from common.moe import eplb, moe
+from common.core.checks import CheckFailed
 from common.exercises import lab06
 
 
@@ -68,7 +68,7 @@ def test_deepseek_gate():
         perm = torch.randperm(i.shape[1])
         return w[:, perm], i[:, perm]
     assert lab06.check_deepseek_gate(shuffled).passed
-    with pytest.raises(CheckFailed, match="called common.moe.deepseek_v3_gate, the reference"):
+    with pytest.raises(CheckFailed, match="called common.moe.moe.deepseek_v3_gate, the reference"):
         lab06.check_deepseek_gate(lambda *a: moe.deepseek_v3_gate(*a))
     cases = [(dict(groups=False), "ignored the group limit"),
              (dict(use_bias=False), "bias was not used to choose"),
@@ -114,7 +114,7 @@ def _per_token_layer(x, weights, indices, experts):
 
 def test_moe_layer_sorted():
     assert lab06.check_moe_layer_sorted(_sorted_layer).passed
-    with pytest.raises(CheckFailed, match="called common.moe.moe_grouped"):
+    with pytest.raises(CheckFailed, match="called common.moe.moe.moe_grouped"):
         lab06.check_moe_layer_sorted(lambda *a: moe.moe_grouped(*a))
     with pytest.raises(CheckFailed, match="without the gate weights"):
         lab06.check_moe_layer_sorted(lambda *a: _sorted_layer(*a, weighted=False))
@@ -163,7 +163,7 @@ def _counts(load, r):
 
 def test_replica_counts():
     assert lab06.check_replica_counts(_counts).passed
-    with pytest.raises(CheckFailed, match="called common.eplb.replicate_experts"):
+    with pytest.raises(CheckFailed, match="called common.moe.eplb.replicate_experts"):
         lab06.check_replica_counts(lambda load, r: eplb.replicate_experts(load[None], r)[2][0])
     def heaviest(load, r):
         cnt = torch.ones(len(load), dtype=torch.int64)

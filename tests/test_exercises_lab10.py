@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from common import hardware
-from common.checks import CheckFailed
+from common.facts import hardware
+from common.core.checks import CheckFailed
 from common.exercises.lab10 import (check_adam_state, check_gpus_to_hold, check_implied_mfu, check_train_flops,
                                     check_training_days)
 
@@ -164,8 +164,8 @@ def test_learner_errors_and_wrong_types_are_verdicts():
 
 
 def test_calling_the_reference_is_caught():
-    from common import scaling
-    with pytest.raises(CheckFailed, match="called common.scaling.train_flops"):
+    from common.systems import scaling
+    with pytest.raises(CheckFailed, match="called common.systems.scaling.train_flops"):
         check_train_flops(lambda n, d: scaling.train_flops(n, d))
-    with pytest.raises(CheckFailed, match="called common.scaling.gpu_hours"):
+    with pytest.raises(CheckFailed, match="called common.systems.scaling.gpu_hours"):
         check_training_days(lambda f, n, g, d, m: scaling.gpu_hours(f, g, m, d) / n / 24)

@@ -1,8 +1,10 @@
 import pytest
 import torch
 
-from common import capstone, moe, traces
-from common.checks import CheckFailed
+from common.core import traces
+from common.moe import moe
+from common.systems import capstone
+from common.core.checks import CheckFailed
 from common.exercises import lab12
 from learner import own_copy
 

@@ -1,7 +1,7 @@
 """Lab 13 checkers: right answers pass, each classic mistake fails with a telling message, stubs are not attempted."""
 import pytest
 
-from common.checks import CheckFailed
+from common.core.checks import CheckFailed
 from common.exercises.lab13 import check_exposed_all_to_all, check_gpu_hours, check_moe_layer_flops
 
 
@@ -47,7 +47,7 @@ def test_moe_layer_flops_wrong(wrong, match):
 
 
 def v3_cfg():
-    from common import v3model
+    from common.systems import v3model
     return v3model.config()
 
 
@@ -99,7 +99,7 @@ def test_gpu_hours_wrong(wrong, match):
 
 
 def test_calling_the_reference_is_caught():
-    from common import v3model
+    from common.systems import v3model
     with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
         check_gpu_hours(lambda s, g, t: v3model.gpu_hours_per_t_tokens(s, g, t))
     with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):

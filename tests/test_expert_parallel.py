@@ -3,9 +3,9 @@ import psutil
 import pytest
 import torch
 
-from common import distributed as D
-from common import expert_parallel as EP
-from common import moe
+from common.parallel import distributed as D
+from common.parallel import expert_parallel as EP
+from common.moe import moe
 
 
 def _nothing_left():

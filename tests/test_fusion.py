@@ -1,13 +1,13 @@
-"""common.fusion: byte models, the Triton kernels against PyTorch (interpreted on a CPU), torch.compile capture."""
-from common.env import setup
+"""common.kernels.fusion: byte models, the Triton kernels against PyTorch (interpreted on a CPU), torch.compile capture."""
+from common.core.env import setup
 
 setup("test", quiet=True)  # before anything imports triton: TRITON_INTERPRET=1 where there is no GPU
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from common import fusion  # noqa: E402
-from common.env import current  # noqa: E402
+from common.kernels import fusion
+from common.core.env import current  # noqa: E402
 
 DEV = current().device
 

@@ -6,7 +6,7 @@ import os
 import nbformat
 import pytest
 
-from common import grading
+from common.core import grading
 
 pytestmark = pytest.mark.notebooks
 

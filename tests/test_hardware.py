@@ -1,10 +1,10 @@
-"""The hardware facts table and its API (common/hardware.py, data/hardware.json)."""
+"""The hardware facts table and its API (common/facts/hardware.py, data/hardware.json)."""
 import json
 import math
 
 import pytest
 
-from common import hardware as hw
+from common.facts import hardware as hw
 
 IDS = ["A100-SXM", "H100-SXM", "H800-SXM", "H200-SXM", "B200", "GB200"]
 

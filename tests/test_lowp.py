@@ -1,11 +1,11 @@
-"""common.lowp: formats from the bit layout against torch, rounding against torch's casts, block quantizers."""
+"""common.kernels.lowp: formats from the bit layout against torch, rounding against torch's casts, block quantizers."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from common import lowp
+from common.kernels import lowp
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -223,7 +223,7 @@ def test_make_activations_is_seeded_and_has_outliers():
 
 
 def test_critical_batch_weight_only_halves_and_quarters():
-    from common import lowp
+    from common.kernels import lowp
     bf16 = lowp.critical_batch("H100-SXM", 2.0, "bf16")
     assert bf16["m_star"] == pytest.approx(989.5 / 3.35 * 2 / 2)
     rows = {label: lowp.critical_batch("H100-SXM", b, d, f)["m_star"] / bf16["m_star"]

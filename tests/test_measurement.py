@@ -4,7 +4,7 @@ import time
 import numpy as np
 import pytest
 
-from common import measurement
+from common.core import measurement
 
 
 def test_queue_event_times_queued_work_and_refuses_early_reads():
@@ -25,7 +25,7 @@ def test_profiler_usdt_lines_are_captured(capfd):
     """Issue 18 #4: the profiler's native `USDT ... profiler_start` lines do not reach the cell's stderr."""
     import os
     import torch
-    from common.env import current
+    from common.core.env import current
     current()  # set Triton's mode before torch.profiler imports triton (as a notebook's set-up cell does)
     from torch.profiler import ProfilerActivity, profile
     with measurement.native_stderr_captured() as lines:

@@ -1,10 +1,10 @@
-"""common.models: config loading and validation, parameter counts against the published figures."""
+"""common.facts.models: config loading and validation, parameter counts against the published figures."""
 import json
 
 import pytest
 
-from common import models
-from common.models import count_params, load_model_config, model_names
+from common.facts import models
+from common.facts.models import count_params, load_model_config, model_names
 
 
 def test_known_models_load_with_sources():

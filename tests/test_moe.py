@@ -1,10 +1,10 @@
-"""common.moe: the gates against per-token references, dispatch/combine against dense and naive, balancing, traffic."""
+"""common.moe.moe: the gates against per-token references, dispatch/combine against dense and naive, balancing, traffic."""
 import math
 
 import pytest
 import torch
 
-from common import moe
+from common.moe import moe
 
 
 def _per_token_deepseek(logits, bias, k, n_group, topk_group, scale):

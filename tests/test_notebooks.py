@@ -5,8 +5,8 @@ import re
 import nbformat
 import pytest
 
-from common import notebooks
-from common.env import REPO_ROOT
+from common.core import notebooks
+from common.core.env import REPO_ROOT
 
 NAMES = notebooks.notebook_names()
 EXPECTED = ["00_orientation", "01_measurement", "02_roofline", "03_fusion_and_triton", "04_flash_attention",

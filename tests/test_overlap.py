@@ -1,7 +1,7 @@
 """The compute/communication overlap model and the real overlap measurement on a CPU (gloo)."""
 import pytest
 
-from common import overlap as O
+from common.parallel import overlap as O
 
 
 def test_pair_model_hides_all_to_all_when_compute_covers_it():

@@ -1,7 +1,7 @@
 """The pipeline simulator: dependencies, schedules, bubbles and memory against DeepSeek's DualPipe README table."""
 import pytest
 
-from common import pipeline as P
+from common.parallel import pipeline as P
 
 STD = P.Durations(F=1, B=2, W=1, FB=2.5)
 

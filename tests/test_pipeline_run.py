@@ -1,7 +1,7 @@
 """Pipeline schedules executed on real ranks (gloo): gradients match one process, bad input fails before launch."""
 import pytest
 
-from common import pipeline_run as R
+from common.parallel import pipeline_run as R
 
 
 def test_zero_bubble_split_gives_the_full_backward():
@@ -35,7 +35,7 @@ def test_zero_bubble_split_gives_the_full_backward():
     ({"schedules": "1f1b", "repeats": 0}, "repeats=0"),
 ])
 def test_bad_input_fails_before_any_process_starts(monkeypatch, kwargs, match):
-    import common.distributed as D
+    import common.parallel.distributed as D
     monkeypatch.setattr(D, "run_workers", lambda *a, **k: pytest.fail("a process was started"))
     with pytest.raises(ValueError, match=match):
         R.run_schedules(**kwargs)

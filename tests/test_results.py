@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from common import results
+from common.core import results
 
 
 def test_record_writes_a_ledger_line(tmp_path, monkeypatch):

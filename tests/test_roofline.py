@@ -1,11 +1,11 @@
-"""The roofline model, costs, roofs and plot (common/roofline.py)."""
+"""The roofline model, costs, roofs and plot (common/kernels/roofline.py)."""
 import math
 
 import numpy as np
 import pytest
 
-from common import hardware
-from common import roofline as rl
+from common.facts import hardware
+from common.kernels import roofline as rl
 
 
 def test_intensity_ridge_attainable_bound():

@@ -4,7 +4,7 @@ import json
 import nbformat
 import pytest
 
-from common import runner
+from common.core import runner
 
 
 def test_unknown_lab_lists_notebooks():

@@ -1,8 +1,8 @@
-"""common.scaled_gemm: FP8 quantization for _scaled_mm, per-tensor and fine-grained GEMMs, error against K."""
+"""common.kernels.scaled_gemm: FP8 quantization for _scaled_mm, per-tensor and fine-grained GEMMs, error against K."""
 import pytest
 import torch
 
-from common import lowp, scaled_gemm as sg
+from common.kernels import lowp, scaled_gemm as sg
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -82,7 +82,7 @@ def test_lowp_bench_writes_its_table(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("lowp_bench", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    from common import env
+    from common.core import env
     saved = env._current  # the benchmark calls setup(); leave the process's environment as it was
     try:
         assert bench.main(["--shapes", "32x128x128", "--min-run-time", "0.01", "--out", str(tmp_path)]) == 0

@@ -1,9 +1,9 @@
-"""common/scaling.py: 6ND, GPU-hours, implied MFU, cost, energy, memory per parameter, and its input checks."""
+"""common/systems/scaling.py: 6ND, GPU-hours, implied MFU, cost, energy, memory per parameter, and its input checks."""
 import math
 
 import pytest
 
-from common import scaling
+from common.systems import scaling
 
 
 def test_six_n_d_and_its_inverse():
@@ -108,7 +108,7 @@ def test_snap_controls_puts_browser_values_back_on_the_grid():
 
 def _notebook_callback():
     import nbformat
-    from common.env import REPO_ROOT
+    from common.core.env import REPO_ROOT
     nb = nbformat.read(REPO_ROOT / "solutions" / "10_scaling_and_cost.ipynb", 4)
     src = next(c.source for c in nb.cells if c.source.startswith("def show_plan("))
     return src.split("\n\n\nexplore(")[0]

@@ -4,7 +4,7 @@ import tomllib
 
 import yaml
 
-from common.env import REPO_ROOT
+from common.core.env import REPO_ROOT
 
 
 def _name(req: str) -> str:

@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from common import timing
+from common.core import timing
 
 
 def test_bench_measures_sleep():

@@ -1,9 +1,9 @@
-"""common/topology.py: rack figures derived from per-GPU facts, fabrics, collectives, parallelism layouts."""
+"""common/systems/topology.py: rack figures derived from per-GPU facts, fabrics, collectives, parallelism layouts."""
 import json
 
 import pytest
 
-from common import topology
+from common.systems import topology
 
 
 def test_nvl72_figures_match_nvidia_headlines():
@@ -47,7 +47,7 @@ def test_all_to_all_inside_and_across_the_domain():
 def test_node_limit_and_dedup_attributed():
     """Lab 06's routing-index figures (151.8 / 100.3 / 75.3 KB per token) within 1%: the node limit alone saves
     nothing; de-duplication does 151.8 -> 100.3; the limit on top of it 100.3 -> 75.3."""
-    from common import moe
+    from common.moe import moe
     fab = topology.Fabric("h800", 8, 160.0, 50.0)
     kb = moe.token_traffic_bytes(7168, 1)["total"] / 1e3
     per_expert = topology.ep_network_copies(8, 64, fab, dedup=False)

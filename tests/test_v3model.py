@@ -3,7 +3,10 @@ import dataclasses
 
 import pytest
 
-from common import hardware, moe, pipeline, topology, v3model
+from common.facts import hardware
+from common.moe import moe
+from common.parallel import pipeline
+from common.systems import topology, v3model
 
 
 def test_defaults_come_from_data():

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.checks import CheckFailed, _learner_error
+from common.core.checks import CheckFailed, _learner_error
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Checkers for lab 00 (orientation): counting bytes and FLOPs, predicting a time."""
 from __future__ import annotations
 
-from common import ceilings
-from common.checks import checker, expect_close, fail
+from common.core import ceilings
+from common.core.checks import checker, expect_close, fail
 from common.exercises.cases import as_number, call, reproducible, seeded
 
 _DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}

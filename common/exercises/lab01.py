@@ -5,9 +5,9 @@ import time
 
 import numpy as np
 
-from common.checks import CheckFailed, _learner_error, checker, expect, fail
+from common.core.checks import CheckFailed, _learner_error, checker, expect, fail
 from common.exercises.cases import as_number, call, reproducible, seeded
-from common.measurement import AsyncQueue, noisy_samples
+from common.core.measurement import AsyncQueue, noisy_samples
 
 WORK_S = 0.004  # each call's real work, done asynchronously on the queue (the first setting; the second differs)
 WARMUP_EXTRA_S = 0.060  # the warm-up calls pay this (like compilation or autotuning)
@@ -122,9 +122,9 @@ def _trial_rates(is_regression, rng, slowdown: float, trials: int, n: int = 15) 
 @checker("1.2", "a noise-aware regression rule")
 def check_is_regression(is_regression):
     """is_regression(baseline_times, candidate_times) -> True for a real slowdown of >= 20%, False for noise."""
-    from common import measurement
+    from common.core import measurement
     if is_regression is measurement.is_regression:
-        fail("is_regression is common.measurement.is_regression, the workbook's reference answer: this exercise is to "
+        fail("is_regression is common.core.measurement.is_regression, the workbook's reference answer: this exercise is to "
              "write the rule yourself")
     rng, seed = seeded(np.random.default_rng)
     trials = 200

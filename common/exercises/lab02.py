@@ -1,15 +1,15 @@
 """Checkers for lab 02 (roofline): FLOPs and bytes of real operations, attainable performance, ridge points and the
-critical batch of a decode matmul. References: common.roofline (costs, model) and common.hardware (datasheets)."""
+critical batch of a decode matmul. References: common.kernels.roofline (costs, model) and common.facts.hardware (datasheets)."""
 from __future__ import annotations
 
 import math
 
-from common import hardware
-from common import roofline as rl
-from common.checks import checker, expect, expect_close, fail
+from common.facts import hardware
+from common.kernels import roofline as rl
+from common.core.checks import checker, expect, expect_close, fail
 from common.exercises.cases import as_number, call, reproducible, seeded
 
-# the dtype sizes the notebook gives the learner (same as common.roofline.DTYPE_BYTES for these names)
+# the dtype sizes the notebook gives the learner (same as common.kernels.roofline.DTYPE_BYTES for these names)
 B = {"fp64": 8, "fp32": 4, "bf16": 2, "fp8": 1}
 
 
@@ -198,7 +198,7 @@ def _gpu_dtype_cases(rng):
 
 @checker("2.7", "ridge point of a GPU from the datasheet")
 def check_ridge(ridge):
-    """ridge(gpu_id, dtype) -> dense peak FLOP/s / HBM bytes/s (FLOP per byte), from common.hardware."""
+    """ridge(gpu_id, dtype) -> dense peak FLOP/s / HBM bytes/s (FLOP per byte), from common.facts.hardware."""
     rng, seed = seeded()
     with reproducible(seed):
         for g, d in _gpu_dtype_cases(rng):

@@ -6,7 +6,7 @@ process (the interpreter does not bounds-check) nor corrupts memory, and the che
 """
 from __future__ import annotations
 
-from common.checks import checker, expect, expect_close, expect_equal, fail
+from common.core.checks import checker, expect, expect_close, expect_equal, fail
 from common.exercises.cases import learner_call, record_launches, replayable, unmasked_accesses
 
 GUARD = 1 << 17  # elements after each tensor; larger than any block a launcher would use on these sizes
@@ -60,7 +60,7 @@ def _expect_guard_intact(buf, n: int, what: str, hint: str) -> None:
 @replayable
 def check_chain_bytes(chain_bytes, cases):
     """chain_bytes(n_elements, n_ops, bytes_per_element, fused) -> bytes read + written from/to memory."""
-    from common import fusion
+    from common.kernels import fusion
     seed, rng = cases.seed, cases.rng
     # every element size accepted (1, 2, 4, 8 bytes) has a fixed case; asymmetric sizes first
     cases_ = [(1000, 3, 4, False), (1000, 3, 4, True), (1, 1, 2, False), (777, 5, 1, False), (513, 2, 8, True),
@@ -106,8 +106,8 @@ def _add_cases(rng):
 def check_vector_add(vector_add, cases):
     """vector_add(x, y, out, block_size) -> out = x + y with a Triton kernel; float32, fresh inputs each call."""
     import torch
-    from common import fusion
-    from common.env import current
+    from common.kernels import fusion
+    from common.core.env import current
     device = current().device
     seed, rng, gen = cases.seed, cases.rng, cases.gen
     cases_ = _add_cases(rng)
@@ -196,8 +196,8 @@ def _softmax_diagnosis(got, x0, where):
 def check_softmax(softmax, cases):
     """softmax(x, out) -> out = softmax of each row of the 2-D float32 x (one program per row, one read, one write)."""
     import torch
-    from common import fusion
-    from common.env import current
+    from common.kernels import fusion
+    from common.core.env import current
     device = current().device
     seed, rng, gen = cases.seed, cases.rng, cases.gen
     cases_ = _softmax_cases(rng)

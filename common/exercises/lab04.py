@@ -6,7 +6,7 @@ one, a sequence length that is not a multiple of the block) and names the one th
 """
 from __future__ import annotations
 
-from common.checks import checker, expect, expect_equal, fail
+from common.core.checks import checker, expect, expect_equal, fail
 from common.exercises.cases import learner_call, replayable
 
 # relative error allowed (max abs error / max abs reference): float32 on the CPU, 16-bit floats on a GPU
@@ -20,7 +20,7 @@ TOL = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 3e-2, "float16": 1e-2}
 @replayable
 def check_standard_attention_bytes(standard_bytes, cases):
     """standard_bytes(seq_len, head_dim, elem_bytes) -> HBM bytes of one head of standard attention (Algorithm 0)."""
-    from common import attention
+    from common.kernels import attention
     seed, rng = cases.seed, cases.rng
     # every element size accepted gets a fixed case (asymmetric: N != d, so no two mistakes give one number)
     cases_ = [(1024, 64, 2), (4096, 128, 2), (3000, 80, 4), (777, 32, 1)] + [
@@ -66,9 +66,9 @@ def _no_rescale_sum(x64, block):
 @replayable
 def check_online_softmax(online_softmax_stats, cases):
     """online_softmax_stats(blocks) -> (m, l): running max and sum of exp(x - m) over an iterable of column blocks."""
-    from common import attention
+    from common.kernels import attention
     import torch
-    from common.checks import expect_close
+    from common.core.checks import expect_close
     seed, rng, gen = cases.seed, cases.rng, cases.gen
     # small values whose max grows block after block (rows sorted ascending), one block, large values (exp(x)
     # overflows), and the max in the FIRST block (rows sorted descending: a running max that is overwritten by each
@@ -203,7 +203,7 @@ def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=No
     """`tiles` = (block_m, block_n): also check that no (N, N) tensor is formed and that the score tiles are at most
     block_m x block_n (a BLOCK_M / BLOCK_N mix-up gives block_n x block_m tiles)."""
     import torch
-    from common.attention import reference_attention
+    from common.kernels.attention import reference_attention
     tol = TOL[str(dtype).replace("torch.", "")]
     gen = torch.Generator().manual_seed(seed)
     for b, h, n, d, causal, large in cases:
@@ -238,7 +238,7 @@ def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=No
         case = {"q": q, "k": k, "v": v, "causal": causal, "large": large}
         why = _diagnose(fn, case, got.detach().to("cpu", ref.dtype), tol,
                         lambda *a: _random_inputs(*a, gen=gen), block_hint)
-        from common.checks import expect_close
+        from common.core.checks import expect_close
         if why:
             fail(f"{where}: {why}")
         expect_close(got, ref, f"output for {where} (relative error {err:.2g}, allowed {tol:g})", rtol=tol,
@@ -253,7 +253,7 @@ def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=No
 @replayable
 def check_tiled_attention(tiled_attention, cases):
     """tiled_attention(q, k, v, block_m, block_n, causal) -> O, never forming the N x N matrix."""
-    from common import attention
+    from common.kernels import attention
     import torch
     seed, rng = cases.seed, cases.rng
     bm, bn = rng.choice([32, 64]), 16  # block_m > block_n always, and neither equals d = 32 in the first case
@@ -278,7 +278,7 @@ def check_tiled_attention(tiled_attention, cases):
 @replayable
 def check_triton_forward(flash_forward, cases):
     """flash_forward(q, k, v, causal) -> O from your Triton kernel; float32 on a CPU, bf16 and fp16 on a GPU."""
-    from common import attention
+    from common.kernels import attention
     import torch
     seed, rng = cases.seed, cases.rng
     if torch.cuda.is_available():
@@ -391,10 +391,10 @@ _BWD_MISTAKES = {
 def check_tiled_backward(tiled_backward, cases):
     """tiled_backward(q, k, v, o, lse, do, block_m, block_n, causal) -> (dq, dk, dv), never forming the N x N
     matrix, checked against autograd through SDPA (float64) on float32 inputs."""
-    from common import attention
+    from common.kernels import attention
     import torch
     import torch.nn.functional as F
-    from common.checks import expect_close
+    from common.core.checks import expect_close
     seed, rng, gen = cases.seed, cases.rng, cases.gen
     tol = TOL["float32"]
     n_odd = rng.choice([x for x in range(70, 140) if x % 32 and x % 16 and x % 48])

@@ -1,7 +1,7 @@
 """Checkers for lab 05 (low precision): formats from the bit layout, rounding, FP8 tiles, MX and NVFP4 block
 scaling, promoted accumulation, bytes per parameter, the fine-grained FP8 GEMM. Each runs fixed cases (every format
 and block shape it accepts, asymmetric shapes first) and then random ones drawn from a fresh seed, which a failure
-prints (pass `seed=` to the check to replay it); each compares with common.lowp / common.scaled_gemm."""
+prints (pass `seed=` to the check to replay it); each compares with common.kernels.lowp / common.kernels.scaled_gemm."""
 from __future__ import annotations
 
 import math
@@ -9,8 +9,8 @@ import math
 import numpy as np
 import torch
 
-from common import lowp, scaled_gemm
-from common.checks import checker, expect, expect_close, expect_equal, fail, near
+from common.kernels import lowp, scaled_gemm
+from common.core.checks import checker, expect, expect_close, expect_equal, fail, near
 from common.exercises.cases import learner_call, replayable
 
 _SPECIALS = ("ieee", "fn", "none")
@@ -39,7 +39,7 @@ class _Float8Watch(torch.overrides.TorchFunctionMode):
 
 
 # What each exercise asks the learner to write: calling these references in its place is caught (other helpers of
-# common.lowp that the exercise text offers -- blocks, unblocks, round_to where allowed, round_significand -- are fine).
+# common.kernels.lowp that the exercise text offers -- blocks, unblocks, round_to where allowed, round_significand -- are fine).
 _REFERENCES = {
     "5.2": (lowp.round_to, lowp.torch_cast),
     "5.3": (lowp.quantize, lowp.fake_quantize, scaled_gemm.quantize_fp8),
@@ -519,7 +519,7 @@ def check_fine_grained_gemm(fine_grained_gemm, cases):
                          f"Per K-block k: y += (xq[:, k-block] @ wq[:, k-block].T) * xs[:, k] * ws[n // 128, k]")
         expect_close(g, ref, f"{what}: y ({got.dtype} accepted within {tol:g} of max|y|)", rtol=tol,
                      atol=tol * scale)
-    _refuse_references(used, "write the per-K-block loop with torch._scaled_mm (the reference in common/scaled_gemm.py "
+    _refuse_references(used, "write the per-K-block loop with torch._scaled_mm (the reference in common/kernels/scaled_gemm.py "
                              "is what it is checked against)")
     return ("per-K-block FP8 products scaled by their 1x128 and 128x128 scales and summed in FP32, for 3 shapes "
             "(K/128 = N/128 and not)")

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from common import eplb, moe
-from common.checks import checker, expect, expect_close, expect_equal, fail
+from common.moe import eplb, moe
+from common.core.checks import checker, expect, expect_close, expect_equal, fail
 from common.exercises.cases import digits, fresh_cases, learner_call
 
 

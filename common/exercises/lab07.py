@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 import random
 
-from common import collectives as C
-from common.checks import checker, expect, expect_close, fail
+from common.parallel import collectives as C
+from common.core.checks import checker, expect, expect_close, fail
 from common.exercises.cases import as_number, learner_call, replayable
 
 
@@ -198,7 +198,7 @@ def _routing(seed: int, tokens: int, num_experts: int, k: int):
 def _count_mistakes(indices, num_experts, world, g, rank):
     """The send counts of each known mistake, by its own formula."""
     import torch
-    from common import expert_parallel as EP
+    from common.parallel import expert_parallel as EP
     epr = num_experts // world
     nodes = indices // (epr * g)
     local = rank % g
@@ -233,7 +233,7 @@ def check_send_counts(send_counts, cases):
     """send_counts(indices, num_experts, world_size, ranks_per_node, rank) -> list of world_size ints: the rows this
     rank sends to each rank in the node-aware dispatch's first hop."""
     import torch
-    from common import expert_parallel as EP
+    from common.parallel import expert_parallel as EP
     rng = cases.rng
     # fixed, asymmetric cases first (several ranks per node, a rank that is not local 0, unequal node loads), then
     # random ones with a fresh seed (printed in a failure)

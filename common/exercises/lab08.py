@@ -1,8 +1,8 @@
 """Checkers for lab 08 (pipeline schedules and DualPipe): the 1F1B order, bubble formulas, DualPipe's stage pairs."""
 from __future__ import annotations
 
-from common import pipeline
-from common.checks import checker, expect, expect_close, expect_equal, fail
+from common.parallel import pipeline
+from common.core.checks import checker, expect, expect_close, expect_equal, fail
 from common.exercises.cases import as_number, learner_call, replayable
 
 

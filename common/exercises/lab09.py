@@ -2,8 +2,8 @@
 parallelism layout, all-to-all time inside vs across the NVLink domain."""
 from __future__ import annotations
 
-from common import topology
-from common.checks import checker, near, expect, expect_close
+from common.systems import topology
+from common.core.checks import checker, near, expect, expect_close
 from common.exercises.cases import as_number, learner_call, replayable
 
 NUMBER = "one number (a float)"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from common import scaling
-from common.checks import checker, near, expect, expect_equal
+from common.systems import scaling
+from common.core.checks import checker, near, expect, expect_equal
 from common.exercises.cases import as_number, expect_number, fresh_cases, learner_call
 
 GPUS = ["H100-SXM", "H800-SXM", "H200-SXM", "A100-SXM", "B200", "GB200"]

@@ -5,8 +5,9 @@ import random
 
 import torch
 
-from common import capstone, traces
-from common.checks import CheckFailed, checker, expect, expect_close, fail
+from common.core import traces
+from common.systems import capstone
+from common.core.checks import CheckFailed, checker, expect, expect_close, fail
 from common.exercises.cases import learner_call, replayable
 
 
@@ -76,7 +77,7 @@ def check_moe_grouped_forward(fn, cases):
                                              f"moe_grouped_forward(x, weights, indices, w_gate, w_up, w_down, act) "
                                              f"for {where}", used)
         if used:
-            fail(f"{where}: you called common.capstone's own MoE layer; this exercise is to write it (common.moe's "
+            fail(f"{where}: you called common.systems.capstone's own MoE layer; this exercise is to write it (common.moe.moe's "
                  f"dispatch_plan / dispatch / combine are the parts to use)")
         expect(isinstance(out, torch.Tensor), f"{where}: expected a tensor [T, H], got {type(out).__name__}")
         for name, before, after in zip(("x", "weights", "indices", "w_gate", "w_up", "w_down"), copies,
