@@ -129,7 +129,9 @@ def train(args, gpu, dtype, env) -> None:
 def aot_table(path: str) -> int:
     import csv
     import datetime
+
     import triton
+
     from common.kernels import attention
     rows = attention.aot_table(90)
     out = Path(path)
@@ -153,8 +155,10 @@ def torch_profile(out_dir, q, k, v, impls, env) -> int:
     with the most device time to <out_dir>/attention_torch_profiler_<gpu>.csv, and the trace next to it."""
     import csv
     import datetime
+
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
+
     from common.kernels import attention
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if q.is_cuda else [])
     b, h, n, d = q.shape
@@ -162,7 +166,7 @@ def torch_profile(out_dir, q, k, v, impls, env) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in impls:
-        fn = attention._impl(name, False, (128, 128))
+        fn = attention.implementation(name, False, (128, 128))
         for _ in range(3):
             fn(q, k, v)
         if q.is_cuda:

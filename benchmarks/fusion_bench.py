@@ -37,9 +37,10 @@ def main(argv=None) -> int:
 
     from common import setup
     env = setup("03_fusion_and_triton", "full" if gpu else "quick", quiet=True)
+    import pandas as pd
+
     from common.core import ceilings
     from common.kernels import fusion
-    import pandas as pd
     pd.set_option("display.width", 170)
     pd.set_option("display.max_columns", 20)
     dev, mrt = env.device, args.min_run_time

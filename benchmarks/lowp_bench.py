@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     from common import setup
     env = setup("05_low_precision", "full" if gpu else "quick", quiet=True)
     import pandas as pd
+
     from common.kernels import scaled_gemm
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 20)

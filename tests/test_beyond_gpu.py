@@ -4,8 +4,8 @@ import os
 import pytest
 import torch
 
-from common.systems import hostside, kvcache, memory, sharing
 from common.facts.models import load_model_config
+from common.systems import hostside, kvcache, memory, sharing
 
 
 def test_deepseek_v3_mla_is_576_values_per_layer():

@@ -40,9 +40,8 @@ def lab(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    from playwright.sync_api import sync_playwright
-
     from browser import chromium_path
+    from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=os.environ.get("CHROMIUM") or chromium_path(),
                               args=["--no-sandbox", "--disable-dev-shm-usage"])

@@ -99,6 +99,7 @@ def test_widgets_static_and_interactive(monkeypatch, capsys):
 def test_widget_cell_displays_once():
     """A cell whose last expression is explore(...) shows one widget, not a second copy under Out[n]."""
     from IPython.core.interactiveshell import InteractiveShell
+
     from common.core import widgets
     shell = InteractiveShell.instance()
     shown = []

@@ -64,7 +64,7 @@ def test_bad_message_size(n):
 
 
 def test_bad_other_inputs():
-    with pytest.raises(ValueError, match="p=0 must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"p=0 must be an integer >= 1 \(the number of ranks\)"):
         C.ring_allreduce_time(1e6, 0, 1e-6, 1e9)
     with pytest.raises(ValueError, match="alpha=-1"):
         C.ring_allreduce_time(1e6, 2, -1e-6, 1e9)

@@ -80,7 +80,7 @@ def test_bad_world_size(ws, match):
 def test_bad_backend_and_timeout_and_worker():
     with pytest.raises(ValueError, match=r"backend='mpi' is not supported"):
         D.run_workers(D.hello_worker, 2, backend="mpi")
-    with pytest.raises(ValueError, match=r"timeout=0 must be a positive"):
+    with pytest.raises(ValueError, match=r"timeout=0 must be a finite number > 0 \(seconds\)"):
         D.run_workers(D.hello_worker, 2, backend="gloo", timeout=0)
     with pytest.raises(ValueError, match=r"cannot import it"):
         D.run_workers(lambda rank, ws: rank, 2, backend="gloo")

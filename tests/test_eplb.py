@@ -83,7 +83,7 @@ def test_packing_and_replication_helpers():
     ((16, 4, 2, 5), r"num_gpus=5 does not divide num_replicas=16"),
     ((16, 5, 1, 8), r"num_groups=5 does not divide the 12 experts"),
     ((16, 4, 4, 2), r"num_replicas=16.*|num_nodes=4 does not divide num_gpus=2"),
-    ((16, 0, 2, 8), r"num_groups=0 must be a positive int"),
+    ((16, 0, 2, 8), r"num_groups=0 must be an integer >= 1"),
 ])
 def test_bad_input(args, match):
     with pytest.raises(ValueError, match=match):

@@ -80,7 +80,7 @@ def test_predict_parameters_varied():
 
 def test_calling_the_reference_is_caught():
     from common.core import ceilings
-    with pytest.raises(CheckFailed, match="calls common.core.ceilings.matmul_flops"):
+    with pytest.raises(CheckFailed, match="called common.core.ceilings.matmul_flops"):
         lab00.check_matmul_flops(lambda m, n, k: ceilings.matmul_flops(m, n, k))
-    with pytest.raises(CheckFailed, match="calls common.core.ceilings.copy_bytes"):
+    with pytest.raises(CheckFailed, match="called common.core.ceilings.copy_bytes"):
         lab00.check_copy_bytes(lambda n, d: ceilings.copy_bytes(n * B[d]))

@@ -4,8 +4,8 @@ import time
 import pytest
 
 from common.core.checks import CheckFailed
-from common.exercises.lab01 import check_is_regression, check_time_fn
 from common.core.measurement import is_regression as reference_rule
+from common.exercises.lab01 import check_is_regression, check_time_fn
 
 
 def right_timer(fn, sync, warmup, repeats):

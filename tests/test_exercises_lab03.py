@@ -9,9 +9,9 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from common.kernels import fusion
 from common.core.checks import CheckFailed  # noqa: E402
 from common.exercises.lab03 import check_chain_bytes, check_softmax, check_vector_add  # noqa: E402
+from common.kernels import fusion
 
 
 # ------------------------------------------------------------------------------------------------ 3.1 chain bytes

@@ -11,11 +11,11 @@ import functools  # noqa: E402
 import pytest  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from learner import own_copy  # noqa: E402
 
-from common.kernels import attention
 from common.core.checks import CheckFailed  # noqa: E402
 from common.exercises import lab04  # noqa: E402
-from learner import own_copy  # noqa: E402
+from common.kernels import attention
 
 _tiled_ref = own_copy(attention.tiled_attention)  # a learner's right answer: the reference's logic, its own code
 

@@ -3,12 +3,17 @@ import numpy as np
 import pytest
 import torch
 
-from common.kernels import lowp
 from common.core.checks import CheckFailed
-from common.exercises.lab05 import (check_bytes_per_param, check_format_facts, check_mx_quantize,
-                                    check_nvfp4_quantize, check_promoted_sum, check_quantize_fp8_blockwise,
-                                    check_round_to_e4m3)
-
+from common.exercises.lab05 import (
+    check_bytes_per_param,
+    check_format_facts,
+    check_mx_quantize,
+    check_nvfp4_quantize,
+    check_promoted_sum,
+    check_quantize_fp8_blockwise,
+    check_round_to_e4m3,
+)
+from common.kernels import lowp
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -286,8 +291,8 @@ def test_bytes_scale_in_bits():
 
 
 # ------------------------------------------------------------------------------------------------ 5.8
-from common.kernels import scaled_gemm
 from common.exercises.lab05 import check_fine_grained_gemm  # noqa: E402
+from common.kernels import scaled_gemm
 
 
 def fine_grained(xq, xs, wq, ws):
@@ -391,16 +396,16 @@ def test_round_in_float32_or_float8_accepted():  # class 7
 def test_references_refused_where_the_exercise_is_to_write_them():
     with pytest.raises(CheckFailed, match="cast to a torch float8 dtype"):
         check_round_to_e4m3(lambda x: x.float().to(torch.float8_e4m3fn))
-    with pytest.raises(CheckFailed, match=r"come from common.kernels.lowp.round_to"):
+    with pytest.raises(CheckFailed, match=r"come from common.kernels.lowp.formats.round_to"):
         check_round_to_e4m3(lambda x: lowp.round_to(x, lowp.e4m3))
-    with pytest.raises(CheckFailed, match=r"come from common.kernels.lowp.quantize"):
+    with pytest.raises(CheckFailed, match=r"come from common.kernels.lowp.block_scaling.quantize"):
         check_quantize_fp8_blockwise(lambda x, b: (lambda qt: (qt.q, qt.scale))(lowp.quantize(x, lowp.e4m3, b)))
-    with pytest.raises(CheckFailed, match=r"common.kernels.lowp.quantize"):
+    with pytest.raises(CheckFailed, match=r"common.kernels.lowp.block_scaling.quantize"):
         check_mx_quantize(lambda x, elem, block=32: (lambda qt: (qt.q, qt.scale))(
             lowp.quantize(x, elem, (1, block), "e8m0")))
-    with pytest.raises(CheckFailed, match=r"common.kernels.lowp.accumulate"):
+    with pytest.raises(CheckFailed, match=r"common.kernels.lowp.accuracy.accumulate"):
         check_promoted_sum(lambda p, bits, every: lowp.accumulate(p, bits, every))
-    with pytest.raises(CheckFailed, match=r"common.kernels.lowp.bytes_per_param"):
+    with pytest.raises(CheckFailed, match=r"common.kernels.lowp.storage.bytes_per_param"):
         check_bytes_per_param(lowp.bytes_per_param)
     with pytest.raises(CheckFailed, match=r"common.kernels.scaled_gemm.scaled_mm_fine_grained"):
         check_fine_grained_gemm(scaled_gemm.scaled_mm_fine_grained)

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from common.moe import eplb, moe
 from common.core.checks import CheckFailed
 from common.exercises import lab06
+from common.moe import eplb, moe
 
 
 def _stub(*args, **kwargs):

@@ -1,9 +1,9 @@
 """Lab 08 checkers: right answers pass, each classic mistake fails with a telling message, stubs are 'not attempted'."""
 import pytest
 
-from common.parallel import pipeline
 from common.core.checks import CheckFailed
 from common.exercises.lab08 import check_bubble, check_dualpipe_pairs, check_one_f_one_b_order
+from common.parallel import pipeline
 
 
 def _stub(*args):

@@ -1,10 +1,14 @@
 """Lab 09 checkers: right answers pass, each classic mistake fails with a telling message, stubs are not attempted."""
 import pytest
 
-from common.systems import topology
 from common.core.checks import CheckFailed
-from common.exercises.lab09 import (check_aggregate_nvlink, check_all_to_all_seconds, check_memory_per_gpu,
-                                    check_rack_pflops)
+from common.exercises.lab09 import (
+    check_aggregate_nvlink,
+    check_all_to_all_seconds,
+    check_memory_per_gpu,
+    check_rack_pflops,
+)
+from common.systems import topology
 
 
 def stub(*args, **kwargs):

@@ -3,10 +3,15 @@ import math
 
 import pytest
 
-from common.facts import hardware
 from common.core.checks import CheckFailed
-from common.exercises.lab10 import (check_adam_state, check_gpus_to_hold, check_implied_mfu, check_train_flops,
-                                    check_training_days)
+from common.exercises.lab10 import (
+    check_adam_state,
+    check_gpus_to_hold,
+    check_implied_mfu,
+    check_train_flops,
+    check_training_days,
+)
+from common.facts import hardware
 
 
 def stub(*args, **kwargs):

@@ -2,9 +2,9 @@ import math
 
 import pytest
 
-from common.systems import kvcache, sharing
 from common.core.checks import CheckFailed
 from common.exercises import lab11
+from common.systems import kvcache, sharing
 
 
 def _stub(*a):

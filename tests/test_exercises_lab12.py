@@ -1,12 +1,12 @@
 import pytest
 import torch
+from learner import own_copy
 
 from common.core import traces
-from common.moe import moe
-from common.systems import capstone
 from common.core.checks import CheckFailed
 from common.exercises import lab12
-from learner import own_copy
+from common.moe import moe
+from common.systems import capstone
 
 
 def _stub(*a):

@@ -3,9 +3,9 @@ import psutil
 import pytest
 import torch
 
+from common.moe import moe
 from common.parallel import distributed as D
 from common.parallel import expert_parallel as EP
-from common.moe import moe
 
 
 def _nothing_left():
@@ -20,7 +20,7 @@ def _nothing_left():
      r"num_experts=30 is not divisible by world_size=4; allowed: a multiple of 4"),
     (EP.EPConfig(ranks_per_node=3), 4, r"ranks_per_node=3 does not divide world_size=4"),
     (EP.EPConfig(fp8=True, hidden=200), 2, r"hidden=200: FP8 dispatch scales blocks of 128"),
-    (EP.EPConfig(top_k=0), 2, r"top_k=0 must be an int >= 1"),
+    (EP.EPConfig(top_k=0), 2, r"top_k=0 must be an integer >= 1"),
 ])
 def test_bad_input_before_any_process(cfg, ws, match):
     D.last_run.clear()

@@ -6,8 +6,8 @@ setup("test", quiet=True)  # before anything imports triton: TRITON_INTERPRET=1 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from common.kernels import fusion
 from common.core.env import current  # noqa: E402
+from common.kernels import fusion
 
 DEV = current().device
 

@@ -91,6 +91,7 @@ def test_out_of_sync_detects_stale_lab(tmp_path):
 def test_language_info_is_what_ipykernel_reports():
     """JupyterLab marks a notebook unsaved on opening when the kernel's language_info differs from the file's."""
     from ipykernel.ipkernel import IPythonKernel
+
     from common.core import notebooks
     reported = dict(IPythonKernel.language_info)
     reported["version"] = __import__("platform").python_version()

@@ -7,7 +7,6 @@ import torch
 
 from common.kernels import lowp
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

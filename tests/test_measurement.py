@@ -24,7 +24,9 @@ def test_queue_event_times_queued_work_and_refuses_early_reads():
 def test_profiler_usdt_lines_are_captured(capfd):
     """Issue 18 #4: the profiler's native `USDT ... profiler_start` lines do not reach the cell's stderr."""
     import os
+
     import torch
+
     from common.core.env import current
     current()  # set Triton's mode before torch.profiler imports triton (as a notebook's set-up cell does)
     from torch.profiler import ProfilerActivity, profile

@@ -35,7 +35,7 @@ def _notebook(path, body):
 @pytest.mark.notebooks
 def test_execute_collects_ledger_and_reports(tmp_path):
     src = tmp_path / "97_demo.ipynb"
-    _notebook(src, 'from common import setup, results\nenv = setup("97_demo", PROFILE)\n'
+    _notebook(src, 'from common import setup\nfrom common.core import results\nenv = setup("97_demo", PROFILE)\n'
                    'results.record("demo.answer", 42, "units")')
     bad = tmp_path / "96_bad.ipynb"
     _notebook(bad, 'from common import setup\nenv = setup("96_bad", PROFILE)')

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from common.kernels import lowp, scaled_gemm as sg
+from common.kernels import lowp
+from common.kernels import scaled_gemm as sg
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -108,6 +108,7 @@ def test_snap_controls_puts_browser_values_back_on_the_grid():
 
 def _notebook_callback():
     import nbformat
+
     from common.core.env import REPO_ROOT
     nb = nbformat.read(REPO_ROOT / "solutions" / "10_scaling_and_cost.ipynb", 4)
     src = next(c.source for c in nb.cells if c.source.startswith("def show_plan("))

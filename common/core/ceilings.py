@@ -17,6 +17,7 @@ from pathlib import Path
 
 from common.core import timing
 from common.core.env import REPO_ROOT, current
+from common.core.validate import whole
 
 MACHINE_DIR = REPO_ROOT / "build" / "machine"
 
@@ -57,8 +58,7 @@ def threads(n: int | None):
     if n is None:
         yield torch.get_num_threads()
         return
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"threads={n!r} must be a positive integer (or None for torch's current count)")
+    whole("threads", n, meaning="or None for torch's current count")
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -232,6 +232,7 @@ def bandwidth_sweep(sizes_bytes, device: str | None = None, min_run_time: float 
 def fingerprint() -> str:
     """A short, stable id of this machine as the workbook sees it: CPU model, core count, memory, GPU, torch."""
     import platform
+
     from common.core.env import cpu_model
     parts = {"cpu": cpu_model(), "cores": os.cpu_count(), "machine": platform.machine()}
     try:

@@ -168,6 +168,7 @@ def warm_vs_cold_bandwidth(nbytes: int, n_buffers: int, samples: int = 100, devi
     a host synchronisation, and a flush would empty the very cache being measured). On a CPU the sums run on
     `n_threads` threads (one by default: the lesson is the cache, not the thread pool's hand-off cost)."""
     import torch
+
     from common.core.env import current
     dev = device or current().device
     if n_buffers < 2:

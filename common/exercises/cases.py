@@ -9,9 +9,8 @@ crash, wrong return type or call to the reference becomes a verdict naming the c
     @replayable                           # check(fn, cases) inside fresh_cases; the checker takes seed=N to replay
     def check_x(fn, cases): ...
 
-The same pieces one at a time: `seeded()` -> (rng, seed) and `with reproducible(seed):`; `call(fn, text, *args)`
-(a crash names the call and what it should return); `watched(references)` spies on the reference functions an
-exercise asks the learner to write.
+`learner_call(..., expected="a number of bytes")` says what the call should have returned when it crashes;
+`watched(references)` spies on the reference functions an exercise asks the learner to write.
 """
 from __future__ import annotations
 
@@ -74,12 +73,15 @@ def _reference_name(ref) -> str:
     return f"{ref[0].__name__}.{ref[1]}" if isinstance(ref, tuple) else f"{ref.__module__}.{ref.__name__}"
 
 
-def learner_call(fn, args: tuple, call: str, references: tuple = (), used: set | None = None):
-    """fn(*args); an exception other than NotImplementedError becomes a verdict naming `call`.
+def learner_call(fn, args: tuple, call: str, references=(), used: set | None = None, expected: str = ""):
+    """fn(*args); an exception other than NotImplementedError (or a checker's own CheckFailed) becomes a verdict
+    naming `call` (and, with `expected`, what it should have returned).
 
-    `references`: the `common` functions this exercise asks the learner to write (see `watched`); a call to one is
-    a verdict, or, with `used` (a set), is added to it for the checker to refuse once the numbers are right.
+    `references`: the `common` functions this exercise asks the learner to write, as functions or (module, name)
+    pairs (see `watched`); a call to one is a verdict, or, with `used` (a set), is added to it for the checker to
+    refuse once the numbers are right.
     """
+    references = tuple(references)
     for ref in references:
         if fn is (getattr(*ref) if isinstance(ref, tuple) else ref):
             if used is None:
@@ -89,11 +91,12 @@ def learner_call(fn, args: tuple, call: str, references: tuple = (), used: set |
     try:
         with watched(references) as called:
             result = fn(*args)
-    except NotImplementedError:
+    except (NotImplementedError, CheckFailed):
         raise
     except Exception as exc:
         _reraise_stub(exc)
-        raise CheckFailed(f"{call}: {_learner_error(exc)}") from exc
+        should = f" should return {expected};" if expected else ":"
+        raise CheckFailed(f"{call}{should} {_learner_error(exc)}") from exc
     if called and used is not None:
         used.update(called)
     elif called:
@@ -133,21 +136,6 @@ def expect_number(got: float, expected: float, what: str, rtol: float, atol: flo
                           f"allowed {rtol:g})")
 
 
-def seeded(factory=random.Random):
-    """(rng, seed): a fresh seed per call; `factory` is random.Random or numpy.random.default_rng."""
-    seed = secrets.randbits(32)
-    return factory(seed), seed
-
-
-@contextlib.contextmanager
-def reproducible(seed: int):
-    """Add the random cases' seed to a verdict raised in the block."""
-    try:
-        yield
-    except CheckFailed as exc:
-        raise CheckFailed(f"{exc} [random cases drawn with seed {seed}]") from None
-
-
 @contextlib.contextmanager
 def watched(references):
     """Spy on the references while the block runs; yields the list of their names that were called.
@@ -182,26 +170,6 @@ def watched(references):
             sys.setprofile(before)
         for module, name, real in saved:
             setattr(module, name, real)
-
-
-def call(fn, text: str, *args, expected: str = "a result", references=()):
-    """fn(*args); a crash is reported as `text` raised X (expected: ...), not as the checker's own error.
-
-    `references`: (module, name) pairs of the workbook's own reference for this exercise; a learner's function that
-    calls one fails, since the exercise is to write it."""
-    try:
-        with watched(references) as called:
-            out = fn(*args)
-    except NotImplementedError:
-        raise
-    except CheckFailed:
-        raise
-    except Exception as exc:
-        raise CheckFailed(f"{text} should return {expected}; {_learner_error(exc)}") from exc
-    if called:
-        raise CheckFailed(f"{text} calls {called[0]}, the workbook's reference answer: this exercise is to write it "
-                          f"yourself")
-    return out
 
 
 @contextlib.contextmanager

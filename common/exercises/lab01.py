@@ -6,8 +6,8 @@ import time
 import numpy as np
 
 from common.core.checks import CheckFailed, _learner_error, checker, expect, fail
-from common.exercises.cases import as_number, call, reproducible, seeded
 from common.core.measurement import AsyncQueue, noisy_samples
+from common.exercises.cases import as_number, learner_call, replayable
 
 WORK_S = 0.004  # each call's real work, done asynchronously on the queue (the first setting; the second differs)
 WARMUP_EXTRA_S = 0.060  # the warm-up calls pay this (like compilation or autotuning)
@@ -51,8 +51,8 @@ def check_time_fn(time_fn):
         with AsyncQueue() as q:
             calls = {"n": 0}
             text = f"time_fn(fn, sync, warmup={warmup}, repeats={repeats})"
-            got = call(time_fn, text, _workload(q, warmup, work_s, calls), q.synchronize, warmup, repeats,
-                       expected="the median seconds per call")
+            got = learner_call(time_fn, (_workload(q, warmup, work_s, calls), q.synchronize, warmup, repeats), text,
+                               expected="the median seconds per call")
             q.synchronize()
         _judge(as_number(got, text), text, work_s, calls["n"], warmup, repeats)
     return (f"about {SETTINGS[0][2] * 1e3:.0f} and {SETTINGS[1][2] * 1e3:.0f} ms per call for two warm-up/repeat "
@@ -112,48 +112,48 @@ def _trial_rates(is_regression, rng, slowdown: float, trials: int, n: int = 15) 
         noise = rng.uniform(0.02, 0.08)
         base = noisy_samples(n, 1.0, noise, outlier_rate=0.1, rng=rng)
         cand = noisy_samples(n, 1.0 + slowdown, noise, outlier_rate=0.1, rng=rng)
-        got = call(is_regression, f"is_regression(<{n} baseline times>, <{n} candidate times>)", base, cand,
-                   expected="True or False")
+        got = learner_call(is_regression, (base, cand), f"is_regression(<{n} baseline times>, <{n} candidate times>)",
+                           expected="True or False")
         _boolean(got)
         flagged += bool(got)
     return flagged / trials
 
 
 @checker("1.2", "a noise-aware regression rule")
-def check_is_regression(is_regression):
+@replayable
+def check_is_regression(is_regression, cases):
     """is_regression(baseline_times, candidate_times) -> True for a real slowdown of >= 20%, False for noise."""
     from common.core import measurement
     if is_regression is measurement.is_regression:
-        fail("is_regression is common.core.measurement.is_regression, the workbook's reference answer: this exercise is to "
-             "write the rule yourself")
-    rng, seed = seeded(np.random.default_rng)
+        fail("is_regression is common.core.measurement.is_regression, the workbook's reference answer: this exercise "
+             "is to write the rule yourself")
+    rng = np.random.default_rng(cases.seed)
     trials = 200
-    with reproducible(seed):
-        # edge cases first: identical runs, and noiseless runs with a clear shift either way
-        flat = [1.0] * 15
-        for base, cand, want, what, why in (
-                (flat, flat, False, "two identical runs", "no shift is no regression"),
-                (flat, [1.3] * 15, True, "a noiseless 30% slowdown", "a 30% slowdown without any noise is as real as "
-                 "a regression gets: a threshold above 30%, or a test that needs a non-zero spread, misses it"),
-                (flat, [0.7] * 15, False, "a noiseless 30% speed-up", "only slower counts")):
-            got = call(is_regression, f"is_regression({what})", list(base), list(cand), expected="True or False")
-            _boolean(got)
-            expect(bool(got) == want, f"is_regression on {what} (15 samples each) returned {got!r}; expected {want}: "
-                                      f"{why}")
-        for n in (15, 7):  # two sample counts: a rule tuned to one n fails the other
-            false_alarms = _trial_rates(is_regression, rng, 0.0, trials, n)
-            detected = _trial_rates(is_regression, rng, 0.20, trials, n)
-            speedups = _trial_rates(is_regression, rng, -0.20, trials, n)
-            if false_alarms > 0.05:
-                fail(f"on {trials} pairs of runs of {n} samples with NO change (2-8% noise, 10% outliers) your rule "
-                     f"cried regression {false_alarms:.1%} of the time (allowed 5%): compare medians, and demand a "
-                     f"shift larger than the noise")
-            if detected < (0.95 if n >= 15 else 0.70):
-                fail(f"a planted 20% slowdown in runs of {n} samples was flagged in only {detected:.1%} of {trials} "
-                     f"trials (need {'95' if n >= 15 else '70'}%): your threshold is too strict, or a mean/min is "
-                     f"being thrown off by outliers")
-            if speedups > 0.05:
-                fail(f"a 20% SPEED-UP was flagged as a regression in {speedups:.1%} of trials: only slower should "
-                     f"count")
+    # edge cases first: identical runs, and noiseless runs with a clear shift either way
+    flat = [1.0] * 15
+    for base, cand, want, what, why in (
+            (flat, flat, False, "two identical runs", "no shift is no regression"),
+            (flat, [1.3] * 15, True, "a noiseless 30% slowdown", "a 30% slowdown without any noise is as real as "
+             "a regression gets: a threshold above 30%, or a test that needs a non-zero spread, misses it"),
+            (flat, [0.7] * 15, False, "a noiseless 30% speed-up", "only slower counts")):
+        got = learner_call(is_regression, (list(base), list(cand)), f"is_regression({what})", expected="True or False")
+        _boolean(got)
+        expect(bool(got) == want, f"is_regression on {what} (15 samples each) returned {got!r}; expected {want}: "
+                                  f"{why}")
+    for n in (15, 7):  # two sample counts: a rule tuned to one n fails the other
+        false_alarms = _trial_rates(is_regression, rng, 0.0, trials, n)
+        detected = _trial_rates(is_regression, rng, 0.20, trials, n)
+        speedups = _trial_rates(is_regression, rng, -0.20, trials, n)
+        if false_alarms > 0.05:
+            fail(f"on {trials} pairs of runs of {n} samples with NO change (2-8% noise, 10% outliers) your rule "
+                 f"cried regression {false_alarms:.1%} of the time (allowed 5%): compare medians, and demand a "
+                 f"shift larger than the noise")
+        if detected < (0.95 if n >= 15 else 0.70):
+            fail(f"a planted 20% slowdown in runs of {n} samples was flagged in only {detected:.1%} of {trials} "
+                 f"trials (need {'95' if n >= 15 else '70'}%): your threshold is too strict, or a mean/min is "
+                 f"being thrown off by outliers")
+        if speedups > 0.05:
+            fail(f"a 20% SPEED-UP was flagged as a regression in {speedups:.1%} of trials: only slower should "
+                 f"count")
     return (f"at most 5% false alarms on noise and most planted 20% slowdowns caught, for runs of 15 and 7 samples "
             f"({trials} simulated pairs each), and the noiseless edge cases right")

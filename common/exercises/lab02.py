@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
+from common.core.checks import checker, expect, expect_close, fail
+from common.exercises.cases import as_number, learner_call, replayable
 from common.facts import hardware
 from common.kernels import roofline as rl
-from common.core.checks import checker, expect, expect_close, fail
-from common.exercises.cases import as_number, call, reproducible, seeded
 
 # the dtype sizes the notebook gives the learner (same as common.kernels.roofline.DTYPE_BYTES for these names)
 B = {"fp64": 8, "fp32": 4, "bf16": 2, "fp8": 1}
@@ -53,125 +53,126 @@ def _check_cost(call: str, got, ref: rl.Cost, mistakes: list[tuple[str, float | 
 
 
 def _learner(fn, text: str, *args, reference: str = ""):
-    return call(fn, text, *args, expected="a pair (flops, bytes)", references=[(rl, reference)] if reference else ())
+    return learner_call(fn, tuple(args), text, [(rl, reference)] if reference else (), expected="a pair (flops, bytes)")
 
 
 _DTYPES_FIXED = ("fp32", "bf16", "fp8", "fp64")  # every element size in a fixed case, the 4-byte one first
 
 
 @checker("2.1", "FLOPs and bytes of a vector add")
-def check_vector_add_cost(vector_add_cost):
+@replayable
+def check_vector_add_cost(vector_add_cost, cases):
     """vector_add_cost(n, dtype) -> (flops, bytes) of c = a + b."""
-    rng, seed = seeded()
-    cases = [(1000 + i, d) for i, d in enumerate(_DTYPES_FIXED)] + [(rng.randint(2, 10**8), rng.choice(sorted(B)))
+    rng = cases.rng
+    inputs = [(1000 + i, d) for i, d in enumerate(_DTYPES_FIXED)] + [(rng.randint(2, 10**8), rng.choice(sorted(B)))
                                                                     for _ in range(5)]
-    with reproducible(seed):
-        for n, d in cases:
-            ref, b = rl.vector_add_cost(n, d), B[d]
-            text = f"vector_add_cost({n}, {d!r})"
-            _check_cost(text, _learner(vector_add_cost, text, n, d, reference="vector_add_cost"), ref, dtype=d, mistakes=[
-                ("the bytes miss a stream: c = a + b reads a, reads b and writes c (3 x n x bytes)", None, 2 * n * b),
-                ("the bytes are counted in elements; multiply by the bytes per element", None, 3 * n),
-                ("one add per element is 1 FLOP, not 2 (there is no multiply)", 2 * n, None),
-            ])
-    return f"right for {len(cases)} sizes and dtypes: n FLOPs, 3n elements moved -> intensity 1/(3 x bytes)"
+    for n, d in inputs:
+        ref, b = rl.vector_add_cost(n, d), B[d]
+        text = f"vector_add_cost({n}, {d!r})"
+        _check_cost(text, _learner(vector_add_cost, text, n, d, reference="vector_add_cost"), ref, dtype=d, mistakes=[
+            ("the bytes miss a stream: c = a + b reads a, reads b and writes c (3 x n x bytes)", None, 2 * n * b),
+            ("the bytes are counted in elements; multiply by the bytes per element", None, 3 * n),
+            ("one add per element is 1 FLOP, not 2 (there is no multiply)", 2 * n, None),
+        ])
+    return f"right for {len(inputs)} sizes and dtypes: n FLOPs, 3n elements moved -> intensity 1/(3 x bytes)"
 
 
 @checker("2.2", "FLOPs and bytes of a GEMM")
-def check_gemm_cost(gemm_cost):
+@replayable
+def check_gemm_cost(gemm_cost, cases):
     """gemm_cost(m, n, k, dtype) -> (flops, bytes) of (m x k) @ (k x n), each operand moved once."""
-    rng, seed = seeded()
+    rng = cases.rng
     # asymmetric shapes (a mix-up of m, n, k cannot coincide), every element size, square and matrix-vector
-    cases = [(3, 5, 7, "fp32"), (4096, 2048, 1024, "bf16"), (1, 8192, 4096, "fp8"), (96, 40, 24, "fp64")] + [
+    inputs = [(3, 5, 7, "fp32"), (4096, 2048, 1024, "bf16"), (1, 8192, 4096, "fp8"), (96, 40, 24, "fp64")] + [
         (rng.randint(1, 5000), rng.randint(1, 5000), rng.randint(1, 5000), rng.choice(sorted(B))) for _ in range(5)]
-    with reproducible(seed):
-        for m, n, k, d in cases:
-            ref, b = rl.gemm_cost(m, n, k, d), B[d]
-            text = f"gemm_cost({m}, {n}, {k}, {d!r})"
-            _check_cost(text, _learner(gemm_cost, text, m, n, k, d, reference="gemm_cost"), ref, dtype=d, mistakes=[
-                ("that counts multiply-adds; each is 2 FLOPs", m * n * k, None),
-                ("the bytes miss writing C (m x n): a GEMM reads A and B and writes C", None, (m * k + k * n) * b),
-                ("the bytes are counted in elements; multiply by the bytes per element", None, m * k + k * n + m * n),
-            ] + [("one dimension is used twice and another not at all: (m x k) @ (k x n) does m*n*k multiply-adds",
-                  f, None) for f in {2 * m * m * k, 2 * m * n * n, 2 * m * k * k, 2 * n * n * k} - {2 * m * n * k}])
+    for m, n, k, d in inputs:
+        ref, b = rl.gemm_cost(m, n, k, d), B[d]
+        text = f"gemm_cost({m}, {n}, {k}, {d!r})"
+        _check_cost(text, _learner(gemm_cost, text, m, n, k, d, reference="gemm_cost"), ref, dtype=d, mistakes=[
+            ("that counts multiply-adds; each is 2 FLOPs", m * n * k, None),
+            ("the bytes miss writing C (m x n): a GEMM reads A and B and writes C", None, (m * k + k * n) * b),
+            ("the bytes are counted in elements; multiply by the bytes per element", None, m * k + k * n + m * n),
+        ] + [("one dimension is used twice and another not at all: (m x k) @ (k x n) does m*n*k multiply-adds",
+              f, None) for f in {2 * m * m * k, 2 * m * n * n, 2 * m * k * k, 2 * n * n * k} - {2 * m * n * k}])
     return "2*m*n*k FLOPs and (m*k + k*n + m*n) x bytes for every shape, square to matrix-vector"
 
 
 @checker("2.3", "FLOPs and bytes of a row softmax")
-def check_softmax_cost(softmax_cost):
+@replayable
+def check_softmax_cost(softmax_cost, cases):
     """softmax_cost(rows, cols, dtype) -> (flops, bytes): 5 FLOPs per element, read x and write y once."""
-    rng, seed = seeded()
-    cases = [(3, 7, "fp32"), (4, 1000, "bf16"), (5, 96, "fp8"), (6, 10, "fp64")] + [
+    rng = cases.rng
+    inputs = [(3, 7, "fp32"), (4, 1000, "bf16"), (5, 96, "fp8"), (6, 10, "fp64")] + [
         (rng.randint(1, 8192), rng.randint(1, 50000), rng.choice(sorted(B))) for _ in range(5)]
-    with reproducible(seed):
-        for r, c, d in cases:
-            ref, b = rl.softmax_cost(r, c, d), B[d]
-            text = f"softmax_cost({r}, {c}, {d!r})"
-            _check_cost(text, _learner(softmax_cost, text, r, c, d, reference="softmax_cost"), ref, dtype=d, mistakes=[
-                ("the bytes count only the read of x; the output y is written too", None, r * c * b),
-                ("the bytes are counted in elements; multiply by the bytes per element", None, 2 * r * c),
-            ], flops_hint="the convention here: 5 FLOPs per element -- max, subtract, exp, sum, divide")
+    for r, c, d in inputs:
+        ref, b = rl.softmax_cost(r, c, d), B[d]
+        text = f"softmax_cost({r}, {c}, {d!r})"
+        _check_cost(text, _learner(softmax_cost, text, r, c, d, reference="softmax_cost"), ref, dtype=d, mistakes=[
+            ("the bytes count only the read of x; the output y is written too", None, r * c * b),
+            ("the bytes are counted in elements; multiply by the bytes per element", None, 2 * r * c),
+        ], flops_hint="the convention here: 5 FLOPs per element -- max, subtract, exp, sum, divide")
     return "5 FLOPs and 2 x bytes per element: a softmax does ~1 FLOP per byte, far below any ridge point"
 
 
 @checker("2.4", "FLOPs and bytes of a LayerNorm")
-def check_layernorm_cost(layernorm_cost):
+@replayable
+def check_layernorm_cost(layernorm_cost, cases):
     """layernorm_cost(rows, cols, dtype) -> (flops, bytes): 8 FLOPs per element; x, y, weight and bias moved once."""
-    rng, seed = seeded()
-    cases = [(3, 7, "fp32"), (8, 4096, "bf16"), (5, 96, "fp8"), (6, 10, "fp64")] + [
+    rng = cases.rng
+    inputs = [(3, 7, "fp32"), (8, 4096, "bf16"), (5, 96, "fp8"), (6, 10, "fp64")] + [
         (rng.randint(1, 8192), rng.randint(1, 16384), rng.choice(sorted(B))) for _ in range(5)]
-    with reproducible(seed):
-        for r, c, d in cases:
-            ref, b = rl.layernorm_cost(r, c, d), B[d]
-            text = f"layernorm_cost({r}, {c}, {d!r})"
-            _check_cost(text, _learner(layernorm_cost, text, r, c, d, reference="layernorm_cost"), ref, dtype=d, mistakes=[
-                ("the bytes miss the weight and bias vectors (cols elements each)", None, 2 * r * c * b),
-                ("weight and bias are read once per call, not once per row", None, (2 * r * c + 2 * r * c) * b),
-                ("the bytes are counted in elements; multiply by the bytes per element", None, 2 * r * c + 2 * c),
-            ], flops_hint="the convention here: 8 FLOPs per element -- mean 1, variance 3, normalise 2, affine 2")
+    for r, c, d in inputs:
+        ref, b = rl.layernorm_cost(r, c, d), B[d]
+        text = f"layernorm_cost({r}, {c}, {d!r})"
+        _check_cost(text, _learner(layernorm_cost, text, r, c, d, reference="layernorm_cost"), ref, dtype=d, mistakes=[
+            ("the bytes miss the weight and bias vectors (cols elements each)", None, 2 * r * c * b),
+            ("weight and bias are read once per call, not once per row", None, (2 * r * c + 2 * r * c) * b),
+            ("the bytes are counted in elements; multiply by the bytes per element", None, 2 * r * c + 2 * c),
+        ], flops_hint="the convention here: 8 FLOPs per element -- mean 1, variance 3, normalise 2, affine 2")
     return "8 FLOPs per element; x, y, weight and bias each moved once"
 
 
 @checker("2.5", "FLOPs and bytes of naive attention")
-def check_attention_cost(attention_cost):
+@replayable
+def check_attention_cost(attention_cost, cases):
     """attention_cost(batch, heads, seq, head_dim, dtype) -> (flops, bytes) with S and P stored in main memory."""
-    rng, seed = seeded()
+    rng = cases.rng
     # batch != heads and seq != head_dim (a swap cannot coincide), every element size
-    cases = [(2, 3, 40, 8, "fp32"), (2, 8, 1024, 64, "bf16"), (3, 2, 256, 128, "fp8"), (1, 5, 96, 32, "fp64")] + [
+    inputs = [(2, 3, 40, 8, "fp32"), (2, 8, 1024, 64, "bf16"), (3, 2, 256, 128, "fp8"), (1, 5, 96, 32, "fp64")] + [
         (rng.randint(1, 8), rng.randint(1, 32), rng.randint(1, 8192), rng.choice([32, 64, 80, 128]),
          rng.choice(sorted(B))) for _ in range(5)]
-    with reproducible(seed):
-        for bsz, h, s, d_, d in cases:
-            ref, b, bh = rl.attention_cost(bsz, h, s, d_, d), B[d], bsz * h
-            text = f"attention_cost({bsz}, {h}, {s}, {d_}, {d!r})"
-            _check_cost(text, _learner(attention_cost, text, bsz, h, s, d_, d, reference="attention_cost"), ref, dtype=d, mistakes=[
-                ("those are FlashAttention's bytes (Q, K, V, O only); the naive version also writes S, reads it, writes "
-                 "P and reads P: 4*s*s more elements", None, bh * 4 * s * d_ * b),
-                ("the bytes count S and P once each; each is written once and read once (4*s*s in all)", None,
-                 bh * (4 * s * d_ + 2 * s * s) * b),
-                ("the FLOPs miss the softmax (5*s*s per head)", bh * 4 * s * s * d_, None),
-                ("the two matmuls are 2*s*s*d FLOPs each (a multiply-add is 2 FLOPs)", bh * (2 * s * s * d_ + 5 * s * s),
-                 None),
-                ("you computed one (batch, head); multiply by batch x heads", ref.flops / bh if bh > 1 else None,
-                 ref.bytes / bh if bh > 1 else None),
-            ])
+    for bsz, h, s, d_, d in inputs:
+        ref, b, bh = rl.attention_cost(bsz, h, s, d_, d), B[d], bsz * h
+        text = f"attention_cost({bsz}, {h}, {s}, {d_}, {d!r})"
+        _check_cost(text, _learner(attention_cost, text, bsz, h, s, d_, d, reference="attention_cost"), ref, dtype=d, mistakes=[
+            ("those are FlashAttention's bytes (Q, K, V, O only); the naive version also writes S, reads it, writes "
+             "P and reads P: 4*s*s more elements", None, bh * 4 * s * d_ * b),
+            ("the bytes count S and P once each; each is written once and read once (4*s*s in all)", None,
+             bh * (4 * s * d_ + 2 * s * s) * b),
+            ("the FLOPs miss the softmax (5*s*s per head)", bh * 4 * s * s * d_, None),
+            ("the two matmuls are 2*s*s*d FLOPs each (a multiply-add is 2 FLOPs)", bh * (2 * s * s * d_ + 5 * s * s),
+             None),
+            ("you computed one (batch, head); multiply by batch x heads", ref.flops / bh if bh > 1 else None,
+             ref.bytes / bh if bh > 1 else None),
+        ])
     return "4*s*s*d + 5*s*s FLOPs and (4*s*d + 4*s*s) elements per head: the s*s terms make it memory-bound"
 
 
 @checker("2.6", "attainable performance")
-def check_attainable(attainable):
+@replayable
+def check_attainable(attainable, cases):
     """attainable(intensity, peak_flops, bandwidth) -> min(peak, intensity * bandwidth)."""
-    rng, seed = seeded()
-    cases = [(0.25, 1e15, 3e12), (1000.0, 1e15, 3e12), (333.3, 1e15, 3e12), (2.0, 5e10, 2e10)]
-    cases += [(10 ** rng.uniform(-2, 4), 10 ** rng.uniform(10, 16), 10 ** rng.uniform(9, 13)) for _ in range(8)]
+    rng = cases.rng
+    inputs = [(0.25, 1e15, 3e12), (1000.0, 1e15, 3e12), (333.3, 1e15, 3e12), (2.0, 5e10, 2e10)]
+    inputs += [(10 ** rng.uniform(-2, 4), 10 ** rng.uniform(10, 16), 10 ** rng.uniform(9, 13)) for _ in range(8)]
     got = []
-    for x, peak, bw in cases:
+    for x, peak, bw in inputs:
         text = f"attainable({x:.4g}, {peak:.4g}, {bw:.4g})"
-        got.append(as_number(call(attainable, text, x, peak, bw, expected="a FLOP/s number",
-                                  references=[(rl, "attainable")]), text))
+        got.append(as_number(learner_call(attainable, (x, peak, bw), text, [(rl, "attainable")],
+                                          expected="a FLOP/s number"), text))
 
     def all_match(rule):
-        return all(math.isclose(g, rule(x, p, b), rel_tol=1e-9) for g, (x, p, b) in zip(got, cases))
+        return all(math.isclose(g, rule(x, p, b), rel_tol=1e-9) for g, (x, p, b) in zip(got, inputs))
 
     if all_match(lambda x, p, b: max(p, x * b)):
         fail("your function returns the larger of the two roofs (max of peak and intensity x bandwidth); a kernel "
@@ -184,9 +185,8 @@ def check_attainable(attainable):
              "is intensity x bandwidth")
     if all_match(lambda x, p, b: min(p, x / b)) or all_match(lambda x, p, b: min(p, b / x)):
         fail("below the ridge the answer is intensity x bandwidth (FLOP/B x B/s = FLOP/s); you divided")
-    with reproducible(seed):
-        for g, (x, peak, bw) in zip(got, cases):
-            expect_close(g, min(peak, x * bw), f"attainable({x:.4g}, {peak:.4g}, {bw:.4g})", rtol=1e-9, atol=0)
+    for g, (x, peak, bw) in zip(got, inputs):
+        expect_close(g, min(peak, x * bw), f"attainable({x:.4g}, {peak:.4g}, {bw:.4g})", rtol=1e-9, atol=0)
     return "min(peak, intensity x bandwidth) on both sides of the ridge"
 
 
@@ -197,20 +197,20 @@ def _gpu_dtype_cases(rng):
 
 
 @checker("2.7", "ridge point of a GPU from the datasheet")
-def check_ridge(ridge):
+@replayable
+def check_ridge(ridge, cases):
     """ridge(gpu_id, dtype) -> dense peak FLOP/s / HBM bytes/s (FLOP per byte), from common.facts.hardware."""
-    rng, seed = seeded()
-    with reproducible(seed):
-        for g, d in _gpu_dtype_cases(rng):
-            _check_one_ridge(ridge, g, d)
+    rng = cases.rng
+    for g, d in _gpu_dtype_cases(rng):
+        _check_one_ridge(ridge, g, d)
     return "dense peak / HBM bandwidth for every GPU and dtype tried"
 
 
 def _check_one_ridge(ridge, g: str, d: str) -> None:
     ref = hardware.ridge_point(g, d)
     text = f"ridge({g!r}, {d!r})"
-    got = as_number(call(ridge, text, g, d, expected="FLOPs per byte (a number)",
-                         references=[(hardware, "ridge_point")]), text)
+    got = as_number(learner_call(ridge, (g, d), text, [(hardware, "ridge_point")],
+                                 expected="FLOPs per byte (a number)"), text)
     tf, tbs = hardware.peak_tflops(g, d), hardware.gpu(g).hbm_bandwidth_tbs
     if hardware.gpu(g).tflops[d]["sparse"] and math.isclose(got, 2 * ref, rel_tol=1e-6):
         other = [x for x in hardware.supported_dtypes(g) if x != d and
@@ -232,21 +232,21 @@ def _check_one_ridge(ridge, g: str, d: str) -> None:
 
 
 @checker("2.8", "critical batch of a decode matmul")
-def check_critical_batch(critical_batch):
+@replayable
+def check_critical_batch(critical_batch, cases):
     """critical_batch(gpu_id, dtype, k, n) -> smallest integer batch whose (batch x k) @ (k x n) intensity reaches
     the GPU's dense ridge point."""
-    rng, seed = seeded()
+    rng = cases.rng
     # every dtype a decode checks (bf16, fp8) in a fixed case, k != n, two GPUs with different ridges
-    cases = [("H100-SXM", "bf16", 8192, 8192), ("A100-SXM", "bf16", 4096, 14336), ("H100-SXM", "fp8", 5120, 8192),
+    inputs = [("H100-SXM", "bf16", 8192, 8192), ("A100-SXM", "bf16", 4096, 14336), ("H100-SXM", "fp8", 5120, 8192),
              ("H200-SXM", "fp8", 8192, 28672)]
     for _ in range(5):
         g = rng.choice(hardware.gpu_ids())
         d = rng.choice([x for x in ("bf16", "fp8") if x in hardware.supported_dtypes(g)])
-        cases.append((g, d, rng.choice([2048, 4096, 5120, 8192, 12288, 16384]),
+        inputs.append((g, d, rng.choice([2048, 4096, 5120, 8192, 12288, 16384]),
                       rng.choice([2048, 4096, 8192, 14336, 28672])))
-    with reproducible(seed):
-        for case in cases:
-            _check_one_critical_batch(critical_batch, *case)
+    for case in inputs:
+        _check_one_critical_batch(critical_batch, *case)
     return "smallest batch with 2Bkn / (b(Bk + kn + Bn)) >= ridge, for every GPU, dtype and shape tried"
 
 
@@ -254,8 +254,7 @@ def _check_one_critical_batch(critical_batch, g: str, d: str, k: int, n: int) ->
     roof = rl.Roof.datasheet(g, d)
     ref = rl.critical_batch(roof.peak_flops, roof.bandwidth, k, n, d)
     text = f"critical_batch({g!r}, {d!r}, k={k}, n={n})"
-    got = call(critical_batch, text, g, d, k, n, expected="an integer batch size",
-               references=[(rl, "critical_batch")])
+    got = learner_call(critical_batch, (g, d, k, n), text, [(rl, "critical_batch")], expected="an integer batch size")
     expect(got is not None, f"{text} returned None -- return an integer batch size")
     if isinstance(got, float) and not float(got).is_integer():
         fail(f"{text} = {got}: a batch is a whole number of tokens; return the smallest integer that reaches the "

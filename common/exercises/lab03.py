@@ -106,8 +106,9 @@ def _add_cases(rng):
 def check_vector_add(vector_add, cases):
     """vector_add(x, y, out, block_size) -> out = x + y with a Triton kernel; float32, fresh inputs each call."""
     import torch
-    from common.kernels import fusion
+
     from common.core.env import current
+    from common.kernels import fusion
     device = current().device
     seed, rng, gen = cases.seed, cases.rng, cases.gen
     cases_ = _add_cases(rng)
@@ -196,8 +197,9 @@ def _softmax_diagnosis(got, x0, where):
 def check_softmax(softmax, cases):
     """softmax(x, out) -> out = softmax of each row of the 2-D float32 x (one program per row, one read, one write)."""
     import torch
-    from common.kernels import fusion
+
     from common.core.env import current
+    from common.kernels import fusion
     device = current().device
     seed, rng, gen = cases.seed, cases.rng, cases.gen
     cases_ = _softmax_cases(rng)

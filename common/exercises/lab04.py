@@ -66,9 +66,10 @@ def _no_rescale_sum(x64, block):
 @replayable
 def check_online_softmax(online_softmax_stats, cases):
     """online_softmax_stats(blocks) -> (m, l): running max and sum of exp(x - m) over an iterable of column blocks."""
-    from common.kernels import attention
     import torch
+
     from common.core.checks import expect_close
+    from common.kernels import attention
     seed, rng, gen = cases.seed, cases.rng, cases.gen
     # small values whose max grows block after block (rows sorted ascending), one block, large values (exp(x)
     # overflows), and the max in the FIRST block (rows sorted descending: a running max that is overwritten by each
@@ -203,6 +204,7 @@ def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=No
     """`tiles` = (block_m, block_n): also check that no (N, N) tensor is formed and that the score tiles are at most
     block_m x block_n (a BLOCK_M / BLOCK_N mix-up gives block_n x block_m tiles)."""
     import torch
+
     from common.kernels.attention import reference_attention
     tol = TOL[str(dtype).replace("torch.", "")]
     gen = torch.Generator().manual_seed(seed)
@@ -253,8 +255,9 @@ def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=No
 @replayable
 def check_tiled_attention(tiled_attention, cases):
     """tiled_attention(q, k, v, block_m, block_n, causal) -> O, never forming the N x N matrix."""
-    from common.kernels import attention
     import torch
+
+    from common.kernels import attention
     seed, rng = cases.seed, cases.rng
     bm, bn = rng.choice([32, 64]), 16  # block_m > block_n always, and neither equals d = 32 in the first case
 
@@ -278,8 +281,9 @@ def check_tiled_attention(tiled_attention, cases):
 @replayable
 def check_triton_forward(flash_forward, cases):
     """flash_forward(q, k, v, causal) -> O from your Triton kernel; float32 on a CPU, bf16 and fp16 on a GPU."""
-    from common.kernels import attention
     import torch
+
+    from common.kernels import attention
     seed, rng = cases.seed, cases.rng
     if torch.cuda.is_available():
         device, dtypes = "cuda", (torch.bfloat16, torch.float16)
@@ -391,10 +395,11 @@ _BWD_MISTAKES = {
 def check_tiled_backward(tiled_backward, cases):
     """tiled_backward(q, k, v, o, lse, do, block_m, block_n, causal) -> (dq, dk, dv), never forming the N x N
     matrix, checked against autograd through SDPA (float64) on float32 inputs."""
-    from common.kernels import attention
     import torch
     import torch.nn.functional as F
+
     from common.core.checks import expect_close
+    from common.kernels import attention
     seed, rng, gen = cases.seed, cases.rng, cases.gen
     tol = TOL["float32"]
     n_odd = rng.choice([x for x in range(70, 140) if x % 32 and x % 16 and x % 48])

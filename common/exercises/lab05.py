@@ -9,33 +9,24 @@ import math
 import numpy as np
 import torch
 
-from common.kernels import lowp, scaled_gemm
 from common.core.checks import checker, expect, expect_close, expect_equal, fail, near
+from common.exercises.blockwise import (
+    Float8Watch,
+    as_tensor,
+    check_blockwise,
+    check_elements,
+    expand,
+    expect_refusal,
+    first_diff,
+    rand_tensor,
+    unpack,
+    with_zero_block,
+)
 from common.exercises.cases import learner_call, replayable
+from common.kernels import lowp, scaled_gemm
 
 _SPECIALS = ("ieee", "fn", "none")
 
-
-def _rand_tensor(rows, cols, gen, spread=3.0):
-    """Values over several orders of magnitude, rows with different sizes, a few outliers."""
-    x = torch.randn(rows, cols, generator=gen, dtype=torch.float64)
-    x *= torch.exp(spread * torch.randn(rows, 1, generator=gen, dtype=torch.float64))
-    x.view(-1)[torch.randint(0, x.numel(), (max(1, x.numel() // 200),), generator=gen)] *= 20
-    return x.to(torch.float32)
-
-
-class _Float8Watch(torch.overrides.TorchFunctionMode):
-    """Records whether any torch call inside it names a float8 dtype (a cast to FP8 does the rounding for you)."""
-
-    def __init__(self):
-        super().__init__()
-        self.used = False
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if any(isinstance(a, torch.dtype) and "float8" in str(a) for a in (*args, *kwargs.values())):
-            self.used = True
-        return func(*args, **kwargs)
 
 
 # What each exercise asks the learner to write: calling these references in its place is caught (other helpers of
@@ -56,29 +47,6 @@ def _refuse_references(used, task):
         fail(f"the numbers are right, but they come from {', '.join(sorted(used))}: this exercise is to {task} "
              f"yourself (the exercise text lists the helpers you may use)")
 
-
-def _as_tensor(v, what):
-    if v is None:
-        fail(f"{what} is None -- did the function forget to return it?")
-    try:
-        return torch.as_tensor(v).to(torch.float64)
-    except Exception:
-        fail(f"{what}: expected a tensor, got {type(v).__name__}")
-
-
-def _unpack(out, n, what):
-    if not isinstance(out, (tuple, list)) or len(out) != n:
-        fail(f"{what} must return a tuple of {n} items, got {type(out).__name__}"
-             f"{f' of {len(out)}' if isinstance(out, (tuple, list)) else ''}")
-    return out
-
-
-def _first_diff(got, exp):
-    bad = ~((got == exp) | (torch.isnan(got) & torch.isnan(exp)))
-    if not bool(bad.any()):
-        return None
-    idx = tuple(int(i) for i in torch.nonzero(bad)[0])
-    return idx, int(bad.sum())
 
 
 # ---------------------------------------------------------------------------------------------- 5.1
@@ -131,12 +99,12 @@ def check_round_to_e4m3(round_to_e4m3, cases):
                    (torch.randn(2000, generator=gen, dtype=torch.float64)
                     * torch.exp(3 * torch.randn(2000, generator=gen, dtype=torch.float64)))]).to(torch.float32)
     used = set()
-    with _Float8Watch() as watch:  # a cast to FP8 does the rounding for you
+    with Float8Watch() as watch:  # a cast to FP8 does the rounding for you
         got = learner_call(round_to_e4m3, (x.clone(),), f"round_to_e4m3(x of shape {tuple(x.shape)})",
                            _REFERENCES["5.2"], used)
     if watch.used:
         used.add("a cast to a torch float8 dtype")
-    got = _as_tensor(got, "round_to_e4m3(x)")
+    got = as_tensor(got, "round_to_e4m3(x)")
     expect_equal(tuple(got.shape), tuple(x.shape), "output shape")
     ref = lowp.round_to(x, lowp.e4m3, saturate=True)
     big = x.abs() > 448
@@ -144,7 +112,7 @@ def check_round_to_e4m3(round_to_e4m3, cases):
         i = int(torch.nonzero(big & (~torch.isfinite(got) | (got.abs() > 448)))[0])
         fail(f"no saturation: x = {float(x[i]):g} gave {float(got[i]):g}; values beyond the range must clamp to "
              f"+-448 (E4M3 has no Inf, and a scaled tensor's amax lands on 448)")
-    d = _first_diff(got, ref)
+    d = first_diff(got, ref)
     if d is not None:
         (i,), n = d
         xv, g, r = float(x[i]), float(got[i]), float(ref[i])
@@ -162,99 +130,6 @@ def check_round_to_e4m3(round_to_e4m3, cases):
     return f"{x.numel()} values right: ties to even, subnormals, saturation at 448 (matches torch's cast)"
 
 
-# ---------------------------------------------------------------------------------------------- shared
-def _check_blockwise(fn_name, out, x, bm, bk, elem, ref_scale, scale_name):
-    """Shape, axis, scale values of a (q, scale) result; all-zero blocks must give finite scales and q = 0 (any
-    finite scale is accepted there: the block decodes to 0 whatever it is). Returns q and the scale with the
-    zero blocks' entries set to the reference's."""
-    q, scale = _unpack(out, 2, fn_name)
-    q, scale = _as_tensor(q, "q"), _as_tensor(scale, "scale")
-    M, K = x.shape
-    expect_equal(tuple(q.shape), (M, K), "q shape (same as x)")
-    want = (M // bm, K // bk)
-    wrong_axis = (M // bk, K // bm)
-    if tuple(scale.shape) != want:
-        if tuple(scale.shape) == wrong_axis and want != wrong_axis:
-            fail(f"wrong block axis: scale has shape {tuple(scale.shape)}, i.e. blocks of {bk}x{bm}; blocks are "
-                 f"{bm}x{bk} ({bm} rows by {bk} columns), contiguous along the LAST dimension (K, the reduction "
-                 f"dimension of the GEMM), so scale must have shape {want}")
-        fail(f"scale shape: expected {want} (one per {bm}x{bk} block), got {tuple(scale.shape)}")
-    raw = scale
-    zero = lowp.blocks(x.double(), bm, bk).abs().amax(-1) == 0
-    if bool(zero.any()):
-        idx = tuple(int(i) for i in torch.nonzero(zero)[0])
-        if not bool(torch.isfinite(scale[zero]).all()):
-            fail(f"block {idx} is all zeros and its scale came out {float(scale[idx])}: amax = 0 must not give a "
-                 f"NaN/Inf scale (log2(0) = -inf, 0/0 = NaN); give such a block any finite scale (the reference uses "
-                 f"{float(ref_scale[idx]):g}) and q = 0")
-        qz = lowp.blocks(q, bm, bk)[zero]
-        if not bool((qz == 0).all()):
-            bad = float(qz[qz != 0][0]) if bool((qz == qz).all()) else float("nan")
-            fail(f"block {idx} is all zeros but its q holds {bad} (x / scale with scale = 0 is NaN): an all-zero "
-                 f"block must quantize to q = 0")
-        scale = torch.where(zero, ref_scale, scale)
-    if not torch.allclose(scale, ref_scale, rtol=1e-6, atol=0):
-        if bm == 1 and M % bk == 0:
-            wrong = lowp.quantize(x.T.contiguous(), elem, (1, bk), scale_name).scale.T.reshape(-1)
-            if wrong.numel() == raw.numel() and torch.allclose(raw.reshape(-1).sort().values,
-                                                              wrong.sort().values, rtol=1e-6):
-                fail(f"wrong block axis: your scales are those of blocks of {bk} consecutive ROWS (down a column); "
-                     f"a block is {bk} consecutive elements of a row (along K)")
-        if bm != bk and (M % bk == 0) and (K % bm == 0):
-            swapped = lowp.quantize(x, elem, (bk, bm), scale_name).scale
-            if swapped.numel() == raw.numel() and torch.allclose(raw.reshape(-1), swapped.reshape(-1), rtol=1e-6):
-                fail(f"block rows and columns swapped: your scales are those of {bk}x{bm} blocks; block={(bm, bk)} "
-                     f"means {bm} rows by {bk} columns")
-    return q, scale
-
-
-def _expand(scale, bm, bk):
-    return scale.repeat_interleave(bm, 0).repeat_interleave(bk, 1)
-
-
-def _check_elements(q, x, s_full, elem, ignore=None):
-    """Elements saturated, on the grid, and the nearest-even rounding of x / scale; elements where `ignore` is True
-    (a block whose scale underflowed to 0, so every element dequantises to 0 whatever it holds) are not judged."""
-    if ignore is not None and bool(ignore.any()):
-        q = torch.where(ignore, torch.zeros_like(q), q)
-        x = torch.where(ignore, torch.zeros_like(x), x)
-    over = q.abs() > elem.max
-    if bool(over.any()) or not bool(torch.isfinite(q).all()):
-        idx = tuple(int(i) for i in torch.nonzero(over | ~torch.isfinite(q))[0])
-        fail(f"no saturation: q{idx} = {float(q[idx]):g} lies outside +-{elem.max:g} ({elem.name}'s range); "
-             f"x / scale = {float(x[idx] / s_full[idx]):g} must clamp to +-{elem.max:g}")
-    ref_q = lowp.round_to(x.double() / s_full, elem, saturate=True)
-    d = _first_diff(q, ref_q)
-    if d is not None:
-        idx, n = d
-        on_grid = bool((lowp.round_to(q[idx], elem) == q[idx]))
-        fail(f"element {idx}: x / scale = {float(x[idx] / s_full[idx]):.9g} should round to {float(ref_q[idx]):.9g} "
-             f"in {elem.name}, got {float(q[idx]):.9g}" + ("" if on_grid else f" (not a {elem.name} value at all)")
-             + f"; {n} of {q.numel()} elements differ")
-
-
-def _with_zero_block(x, bm, bk):
-    """x with its second block (or first, when there is one) set to zero."""
-    x = x.clone()
-    nb = (x.shape[0] // bm) * (x.shape[1] // bk)
-    i = 1 if nb > 1 else 0
-    r, c = divmod(i, x.shape[1] // bk)
-    x[r * bm:(r + 1) * bm, c * bk:(c + 1) * bk] = 0
-    return x
-
-
-def _expect_refusal(fn, what, *args):
-    try:
-        fn(*args)
-    except ValueError:
-        return
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        fail(f"{what} raised {type(exc).__name__} ({exc}); a block that does not tile x must raise ValueError "
-             f"naming the block and the shape")
-    fail(f"{what} did not refuse: the block does not tile x, so the function must raise ValueError naming the "
-         f"block and the shape instead of quantizing a partial tile silently")
 
 
 # ---------------------------------------------------------------------------------------------- 5.3
@@ -269,25 +144,25 @@ def check_quantize_fp8_blockwise(quantize_fp8_blockwise, cases):
               ((128, 128), 128 * rng.randint(1, 2), 128 * rng.randint(1, 2), False)]
     used = set()
     for block, M, K, with_zero in cases_:
-        x = _rand_tensor(M, K, gen)
+        x = rand_tensor(M, K, gen)
         if with_zero:
-            x = _with_zero_block(x, *block)
+            x = with_zero_block(x, *block)
         ref = lowp.quantize(x, lowp.e4m3, block, "fp32")
         out = learner_call(quantize_fp8_blockwise, (x.clone(), block),
                            f"quantize_fp8_blockwise(x of shape {(M, K)}, block={block})", _REFERENCES["5.3"], used)
         if isinstance(out, (tuple, list)) and len(out) == 2:
-            s = _as_tensor(out[1], "scale")
+            s = as_tensor(out[1], "scale")
             if s.shape == ref.scale.shape and torch.allclose(s, 1 / ref.scale, rtol=1e-5):
                 fail("scale is upside down: you returned 448 / amax. The scale is what q is multiplied by to get "
                      "x back: scale = amax / 448, q = x / scale")
-        q, s = _check_blockwise("quantize_fp8_blockwise", out, x, *block, lowp.e4m3, ref.scale, "fp32")
+        q, s = check_blockwise("quantize_fp8_blockwise", out, x, *block, lowp.e4m3, ref.scale, "fp32")
         expect_close(s, ref.scale, f"scale for block {block}, x of shape {(M, K)} (amax / 448 per block, in FP32)",
                      rtol=1e-6, atol=0)
-        _check_elements(q, x, _expand(s, *block), lowp.e4m3)
-    _expect_refusal(quantize_fp8_blockwise, "quantize_fp8_blockwise(x of shape (4, 200), block=(1, 128))",
-                    _rand_tensor(4, 200, gen), (1, 128))
-    _expect_refusal(quantize_fp8_blockwise, "quantize_fp8_blockwise(x of shape (100, 256), block=(128, 128))",
-                    _rand_tensor(100, 256, gen), (128, 128))
+        check_elements(q, x, expand(s, *block), lowp.e4m3)
+    expect_refusal(quantize_fp8_blockwise, "quantize_fp8_blockwise(x of shape (4, 200), block=(1, 128))",
+                    rand_tensor(4, 200, gen), (1, 128))
+    expect_refusal(quantize_fp8_blockwise, "quantize_fp8_blockwise(x of shape (100, 256), block=(128, 128))",
+                    rand_tensor(100, 256, gen), (128, 128))
     _refuse_references(used, "compute the block scales and the rounding")
     return ("1x128 tiles, 128x128 blocks and a 2x64 block right, all-zero blocks without NaN; a block that does not "
             "tile x (K or rows) is refused")
@@ -304,13 +179,13 @@ def check_mx_quantize(mx_quantize, cases):
               (lowp.e2m1, 16, 2, 48, True), (lowp.e4m3, 64, 2, 128, False),
               (rng.choice([lowp.e2m1, lowp.e4m3]), 32, 32 * rng.randint(1, 3), 32 * rng.randint(2, 6), False)]
     for elem, block, M, K, with_zero in cases_:
-        x = _rand_tensor(M, K, gen)
+        x = rand_tensor(M, K, gen)
         if with_zero:
-            x = _with_zero_block(x, 1, block)
+            x = with_zero_block(x, 1, block)
         ref = lowp.quantize(x, elem, (1, block), "e8m0")
         what = f"mx_quantize(x of shape {(M, K)}, {elem.name}, block={block})"
         out = learner_call(mx_quantize, (x.clone(), elem, block), what, _REFERENCES["5.4"], used)
-        q, s = _check_blockwise(what, out, x, 1, block, elem, ref.scale, "e8m0")
+        q, s = check_blockwise(what, out, x, 1, block, elem, ref.scale, "e8m0")
         not_pow2 = ~lowp.is_power_of_two(s)
         if bool(not_pow2.any()):
             idx = tuple(int(i) for i in torch.nonzero(not_pow2)[0])
@@ -328,7 +203,7 @@ def check_mx_quantize(mx_quantize, cases):
                      f"{elem.emax} = {float(ref.scale[idx]):g} and saturates the few elements above {elem.max:g}")
             fail(f"{what}: scale{idx}: expected 2^(floor(log2 amax) - {elem.emax}) = {float(ref.scale[idx]):g}, got "
                  f"{float(s[idx]):g}")
-        _check_elements(q, x, _expand(s, 1, block), elem)
+        check_elements(q, x, expand(s, 1, block), elem)
     _refuse_references(used, "compute the E8M0 scales")
     return ("MXFP4, MXFP8 (E4M3 and E5M2) right for blocks of 16, 32 and 64: power-of-two scales along K, "
             "saturation above the element max, all-zero blocks without NaN")
@@ -343,14 +218,14 @@ def check_nvfp4_quantize(nvfp4_quantize, cases):
     gen, rng, used = cases.gen, cases.rng, set()
     for magnitude, M, K, with_zero in [(1.0, 3, 64, True), (1e4, 2, 96, False), (1e-3, 4, 32, True),
                                        (1.0, rng.randint(2, 6), 32 * rng.randint(1, 4), False)]:
-        x = _rand_tensor(M, K, gen) * magnitude
+        x = rand_tensor(M, K, gen) * magnitude
         if with_zero:
-            x = _with_zero_block(x, 1, 16)
+            x = with_zero_block(x, 1, 16)
         ref = lowp.quantize(x, lowp.e2m1, (1, 16), "e4m3", tensor_scale=True)
         what = f"nvfp4_quantize(x of shape {(M, K)}, amax {float(x.abs().max()):.4g})"
-        q, bs, ts = _unpack(learner_call(nvfp4_quantize, (x.clone(),), what, _REFERENCES["5.5"], used), 3,
+        q, bs, ts = unpack(learner_call(nvfp4_quantize, (x.clone(),), what, _REFERENCES["5.5"], used), 3,
                            "nvfp4_quantize")
-        bs = _as_tensor(bs, "block_scale")
+        bs = as_tensor(bs, "block_scale")
         try:
             ts = float(ts)
         except (TypeError, ValueError):
@@ -362,7 +237,7 @@ def check_nvfp4_quantize(nvfp4_quantize, cases):
             fail(f"{what}: tensor_scale is 1: NVFP4's second level is amax / (6 * 448) = {ref.tensor_scale:.9g} for "
                  f"this tensor; without it the E4M3 block scales saturate at 448 or underflow")
         expect_close(ts, ref.tensor_scale, f"{what}: tensor_scale (amax / (6 * 448), FP32)", rtol=1e-6, atol=0)
-        q, bs = _check_blockwise("nvfp4_quantize", (q, bs), x, 1, 16, lowp.e2m1, ref.block_scale, "e4m3")
+        q, bs = check_blockwise("nvfp4_quantize", (q, bs), x, 1, 16, lowp.e2m1, ref.block_scale, "e4m3")
         off_grid = lowp.round_to(bs, lowp.e4m3) != bs
         if bool(off_grid.any()):
             idx = tuple(int(i) for i in torch.nonzero(off_grid)[0])
@@ -371,8 +246,8 @@ def check_nvfp4_quantize(nvfp4_quantize, cases):
                  f"{float(ref.block_scale[idx]):g})")
         expect_close(bs, ref.block_scale, f"{what}: block_scale (E4M3 of block_amax / 6 / tensor_scale)", rtol=0,
                      atol=0)
-        s_full = _expand(bs * ts, 1, 16)
-        _check_elements(q, x, torch.where(s_full > 0, s_full, torch.ones_like(s_full)), lowp.e2m1, ignore=s_full == 0)
+        s_full = expand(bs * ts, 1, 16)
+        check_elements(q, x, torch.where(s_full > 0, s_full, torch.ones_like(s_full)), lowp.e2m1, ignore=s_full == 0)
     _refuse_references(used, "compute the two levels of scales")
     return ("tensor scale, E4M3 block scales per 16 elements and E2M1 elements right for amax from 1e-3 to 1e4; "
             "all-zero blocks give q = 0, not NaN")
@@ -446,7 +321,7 @@ def check_bytes_per_param(bytes_per_param, cases):
 def _fine_grained_case(M, N, K, gen):
     """FP8 operands with 1x128 activation tiles and 128x128 weight blocks whose scales differ a lot block to block
     (so per-tensor scales, a scale on the wrong axis or a scale applied once are far from right)."""
-    x = _rand_tensor(M, K, gen, spread=1.0)
+    x = rand_tensor(M, K, gen, spread=1.0)
     x *= torch.exp(1.5 * torch.randn(1, K // 128, generator=gen)).repeat_interleave(128, 1)
     w = torch.randn(N, K, generator=gen) * 0.02
     w *= torch.exp(1.5 * torch.randn(N // 128, K // 128, generator=gen)).repeat_interleave(128, 0).repeat_interleave(

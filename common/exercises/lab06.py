@@ -6,10 +6,9 @@ import math
 
 import torch
 
-from common.moe import eplb, moe
 from common.core.checks import checker, expect, expect_close, expect_equal, fail
 from common.exercises.cases import digits, fresh_cases, learner_call
-
+from common.moe import eplb, moe
 
 # ---------------------------------------------------------------- 6.1
 

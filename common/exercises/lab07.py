@@ -4,9 +4,9 @@ from __future__ import annotations
 import math
 import random
 
-from common.parallel import collectives as C
 from common.core.checks import checker, expect, expect_close, fail
 from common.exercises.cases import as_number, learner_call, replayable
+from common.parallel import collectives as C
 
 
 def _close(a, b, rtol=1e-6) -> bool:
@@ -34,7 +34,7 @@ def check_allreduce_time(allreduce_time, cases):
             where = (f"allreduce_time({algorithm!r}, n_bytes={n}, p={p}, alpha={alpha:.3g}, bandwidth={bw:.3g})"
                      + cases.tag(i >= 4))
             got = as_number(learner_call(allreduce_time, (algorithm, n, p, alpha, bw), where,
-                                         (C.allreduce_time, *C._ALLREDUCE.values(), C.collective_time)),
+                                         (C.allreduce_time, *C.ALLREDUCE_TIMES.values(), C.collective_time)),
                             where, "a number of seconds")
             if _close(got, expected, 1e-6):
                 continue
@@ -198,6 +198,7 @@ def _routing(seed: int, tokens: int, num_experts: int, k: int):
 def _count_mistakes(indices, num_experts, world, g, rank):
     """The send counts of each known mistake, by its own formula."""
     import torch
+
     from common.parallel import expert_parallel as EP
     epr = num_experts // world
     nodes = indices // (epr * g)
@@ -233,6 +234,7 @@ def check_send_counts(send_counts, cases):
     """send_counts(indices, num_experts, world_size, ranks_per_node, rank) -> list of world_size ints: the rows this
     rank sends to each rank in the node-aware dispatch's first hop."""
     import torch
+
     from common.parallel import expert_parallel as EP
     rng = cases.rng
     # fixed, asymmetric cases first (several ranks per node, a rank that is not local 0, unequal node loads), then

@@ -1,9 +1,9 @@
 """Checkers for lab 08 (pipeline schedules and DualPipe): the 1F1B order, bubble formulas, DualPipe's stage pairs."""
 from __future__ import annotations
 
-from common.parallel import pipeline
 from common.core.checks import checker, expect, expect_close, expect_equal, fail
 from common.exercises.cases import as_number, learner_call, replayable
+from common.parallel import pipeline
 
 
 def _one_f_one_b_cases(rng):

@@ -2,9 +2,9 @@
 parallelism layout, all-to-all time inside vs across the NVLink domain."""
 from __future__ import annotations
 
-from common.systems import topology
-from common.core.checks import checker, near, expect, expect_close
+from common.core.checks import checker, expect, expect_close, near
 from common.exercises.cases import as_number, learner_call, replayable
+from common.systems import topology
 
 NUMBER = "one number (a float)"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from common.systems import scaling
-from common.core.checks import checker, near, expect, expect_equal
+from common.core.checks import checker, expect, expect_equal, near
 from common.exercises.cases import as_number, expect_number, fresh_cases, learner_call
+from common.systems import scaling
 
 GPUS = ["H100-SXM", "H800-SXM", "H200-SXM", "A100-SXM", "B200", "GB200"]
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import math
 
-from common.systems import kvcache, sharing
 from common.core.checks import checker, expect, fail
 from common.exercises.cases import as_number, expect_number, fresh_cases, learner_call
+from common.systems import kvcache, sharing
 
 BYTES_PER_VALUE = (1, 2, 4)  # FP8/INT8, BF16/FP16, FP32: each gets a fixed case
 

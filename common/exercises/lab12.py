@@ -6,9 +6,9 @@ import random
 import torch
 
 from common.core import traces
-from common.systems import capstone
 from common.core.checks import CheckFailed, checker, expect, expect_close, fail
 from common.exercises.cases import learner_call, replayable
+from common.systems import capstone
 
 
 def _seeded(seed):

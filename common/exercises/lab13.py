@@ -5,9 +5,9 @@ Each checker starts with fixed, asymmetric cases (no two mistakes give the same 
 fresh seed that a failure prints."""
 from __future__ import annotations
 
-from common.systems import v3model
 from common.core.checks import checker, expect, expect_close, fail, near
 from common.exercises.cases import as_number, learner_call, replayable
+from common.systems import v3model
 
 NUMBER = "one number (a float)"
 

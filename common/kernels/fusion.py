@@ -16,6 +16,8 @@ import inspect
 import re
 from dataclasses import dataclass
 
+from common.core.validate import whole
+
 # The elementwise chain of the lab: y = sigmoid(2x + 1) * 3, four elementwise ops in eager PyTorch.
 CHAIN_OPS = 4
 # FLOPs per element, counting each arithmetic op once: mul, add, sigmoid = 1/(1+exp(-t)) as 4 (neg, exp, add, div),
@@ -25,23 +27,18 @@ MAX_SOFTMAX_COLS = 32768  # one row per program, held in registers: beyond this 
 
 
 # ---------------------------------------------------------------------------------------------- byte models
-def _check_count(name: str, value, minimum: int = 0) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
-
-
 def vector_add_bytes(n_elements: int, bytes_per_element: int) -> int:
     """Bytes `out = x + y` moves: it reads x and y and writes out, each n_elements long."""
-    _check_count("n_elements", n_elements)
-    _check_count("bytes_per_element", bytes_per_element, 1)
+    whole("n_elements", n_elements, 0)
+    whole("bytes_per_element", bytes_per_element, 1)
     return 3 * n_elements * bytes_per_element
 
 
 def softmax_bytes(rows: int, cols: int, bytes_per_element: int) -> int:
     """Bytes a fused row softmax moves: the matrix read once and the result written once."""
-    _check_count("rows", rows)
-    _check_count("cols", cols)
-    _check_count("bytes_per_element", bytes_per_element, 1)
+    whole("rows", rows, 0)
+    whole("cols", cols, 0)
+    whole("bytes_per_element", bytes_per_element, 1)
     return 2 * rows * cols * bytes_per_element
 
 
@@ -60,9 +57,9 @@ def chain_bytes(n_elements: int, n_ops: int, bytes_per_element: int, fused: bool
     Unfused (eager), every op reads its input from memory and writes its output back: 2 * n * b per op.
     Fused, the input is read once and the output written once; the intermediates stay in registers: 2 * n * b.
     """
-    _check_count("n_elements", n_elements)
-    _check_count("n_ops", n_ops, 1)
-    _check_count("bytes_per_element", bytes_per_element, 1)
+    whole("n_elements", n_elements, 0)
+    whole("n_ops", n_ops, 1)
+    whole("bytes_per_element", bytes_per_element, 1)
     if not isinstance(fused, bool):
         raise ValueError(f"fused={fused!r} must be True or False")
     passes = 1 if fused else n_ops
@@ -343,7 +340,7 @@ class torch_threads:
     On a small shared CPU one thread removes the OpenMP hand-off that makes two-thread timings of small kernels jump."""
 
     def __init__(self, n: int):
-        _check_count("n", n, 1)
+        whole("n", n, 1)
         self.n = n
 
     def __enter__(self):
@@ -364,10 +361,11 @@ def copy_ceiling_gbps(nbytes: int, device=None, rounds: int = 3, min_run_time: f
     Same bytes, same cache level, same threads and the same per-call overhead as the kernel compared with it, so a
     kernel cannot exceed it by more than timing noise (a DRAM-sized copy would be beaten by any cache-resident one)."""
     import torch
+
     from common.core import timing
     from common.core.env import current
-    _check_count("nbytes", nbytes, 8)
-    _check_count("rounds", rounds, 1)
+    whole("nbytes", nbytes, 8)
+    whole("rounds", rounds, 1)
     dev = device or current().device
     src = torch.randn(nbytes // 8, device=dev)
     dst = torch.empty_like(src)
@@ -381,8 +379,9 @@ def interleaved_speedup(fn_slow, fn_fast, *args, rounds: int = 5, min_run_time: 
     """Time the two functions in turn, `rounds` times (so a burst of load hits both alike); return the per-round
     ratios slow/fast, their median and minimum, and each function's median time in seconds."""
     import statistics
+
     from common.core import timing
-    _check_count("rounds", rounds, 1)
+    whole("rounds", rounds, 1)
     slow, fast = [], []
     for _ in range(rounds):
         slow.append(timing.bench(fn_slow, *args, min_run_time=min_run_time).median_s)

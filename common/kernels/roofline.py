@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from common.core.validate import number, whole
+
 # bytes per element of the dtypes the workbook uses (fp4 packs two values per byte)
 DTYPE_BYTES = {"fp64": 8, "float64": 8, "fp32": 4, "float32": 4, "tf32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2,
                "float16": 2, "fp8": 1, "float8": 1, "int8": 1, "fp4": 0.5}
@@ -33,19 +35,12 @@ def dtype_bytes(dtype) -> float:
 
 
 def _positive(name: str, value, allow_zero: bool = False) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}={value!r} is not a number") from None
-    if math.isnan(v) or v < 0 or (v == 0 and not allow_zero) or math.isinf(v):
-        raise ValueError(f"{name}={value!r} must be a finite number {'>= 0' if allow_zero else '> 0'}")
-    return v
+    return number(name, value, strict=not allow_zero)
 
 
 def _dims(**dims) -> None:
     for name, v in dims.items():
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name}={v!r} must be a positive integer")
+        whole(name, v)
 
 
 # ---------------------------------------------------------------------------------------------------- the model
@@ -292,6 +287,7 @@ def plot(ceilings: Iterable[Roof], points: Iterable = (), ax=None, title: str | 
     to draw into a subplot.
     """
     import numpy as np
+
     from common.core import plots
     roofs = list(ceilings)
     if not roofs:
@@ -354,8 +350,9 @@ def plot_side_by_side(datasheet: Iterable[Roof], measured: Iterable[Roof], point
                       titles: tuple[str, str] = ("datasheet ceilings", "measured ceilings")):
     """Two panels: datasheet roofs (with the points placed as predictions) and measured roofs (with the points as
     measured). Returns the figure; show it with plots.show(fig)."""
-    from common.core import plots
     import matplotlib.pyplot as plt
+
+    from common.core import plots
     plots.use_house_style()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6))
     pts = [_as_point(p) for p in points]

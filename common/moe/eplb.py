@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from common.core.validate import whole
 from common.moe.moe import single_thread
 
 
@@ -32,8 +33,7 @@ def _check(weight, num_replicas: int, num_groups: int, num_nodes: int, num_gpus:
     experts = weight.shape[1]
     for name, value in (("num_replicas", num_replicas), ("num_groups", num_groups), ("num_nodes", num_nodes),
                         ("num_gpus", num_gpus)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name}={value!r} must be a positive int")
+        whole(name, value)
     if num_replicas < experts:
         raise ValueError(f"num_replicas={num_replicas} is fewer than the {experts} logical experts: every expert "
                          f"needs at least one physical slot (allowed: num_replicas >= {experts})")

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from common.core.validate import whole
+
 
 @contextlib.contextmanager
 def single_thread():
@@ -41,8 +43,7 @@ def check_routing(num_experts: int, top_k: int, n_group: int = 1, topk_group: in
     """Raise ValueError (naming the parameter, its value and what is allowed) for an impossible routing setup."""
     for name, value in (("num_experts", num_experts), ("top_k", top_k), ("n_group", n_group),
                         ("topk_group", topk_group)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name}={value!r} must be a positive int")
+        whole(name, value)
     if top_k > num_experts:
         raise ValueError(f"top_k={top_k} is larger than the {num_experts} experts (allowed: 1..{num_experts})")
     if num_experts % n_group:

@@ -18,6 +18,7 @@ ideal (compute + comm) / max(compute, comm). The overlapped and DDP gradients ar
 """
 from __future__ import annotations
 
+from common.core.validate import whole
 from common.parallel.overlap import time_round_robin
 
 
@@ -174,8 +175,7 @@ def measure_ddp_overlap(world_size: int = 2, layers: int = 8, hidden: int = 512,
     if world_size < 2:
         raise ValueError(f"world_size={world_size}: data parallelism needs at least 2 ranks")
     for name, v in (("layers", layers), ("hidden", hidden), ("batch", batch), ("repeats", repeats)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} must be an integer >= 1")
+        whole(name, v)
     if not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
         raise ValueError(f"bucket_mb={bucket_mb!r} must be a number of MB > 0")
     per_rank = run_workers(ddp_overlap_worker, world_size, args=(layers, hidden, batch, bucket_mb, repeats),

@@ -45,6 +45,7 @@ import traceback
 from typing import Any, Callable, Sequence
 
 from common.core.env import REPO_ROOT
+from common.core.validate import number
 
 BACKENDS = ("gloo", "nccl")
 HOST = "127.0.0.1"
@@ -317,8 +318,7 @@ def run_workers(worker: Callable, world_size: int, args: Sequence = (), backend:
 
     backend = _check_backend(backend)
     check_world_size(world_size, backend)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds")
+    number("timeout", timeout, meaning="seconds")
     payload = _check_importable(worker, args)
 
     import torch.distributed as dist

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from common.core.validate import whole
 from common.moe import moe
 
 VARIANTS = ("flat", "node_aware")
@@ -62,9 +63,7 @@ class EPConfig:
 
 
 def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be an int >= 1")
-    return value
+    return whole(name, value)
 
 
 def check_config(cfg: EPConfig, world_size: int, backend: str | None = None) -> EPConfig:
@@ -209,6 +208,7 @@ class Exchange:
              payload_bytes: int) -> torch.Tensor:
         """Send `rows` [sum(send_counts), W] uint8 grouped by destination; return the received rows by source."""
         import torch.distributed as dist
+
         from common.parallel.distributed import synchronize
         width = rows.shape[1]
         out = torch.empty(sum(recv_counts), width, dtype=torch.uint8, device=self.device)
@@ -355,6 +355,7 @@ def ep_worker(rank: int, world_size: int, cfg_dict: dict, variants=VARIANTS, che
     sharded), the bytes of every exchange, and `repeats` timings of dispatch+combine with identity experts
     (communication only). Returns plain data for `summarize`."""
     import torch.distributed as dist
+
     from common.parallel.distributed import synchronize, worker_device
     cfg = EPConfig(**cfg_dict)
     device = worker_device()

@@ -143,6 +143,7 @@ def pair_times(costs: ChunkCosts) -> dict:
 def plot_pair(costs: ChunkCosts, ax=None):
     """Two Gantt charts (serialised and overlapped), one row per resource."""
     import matplotlib.pyplot as plt
+
     from common.core import plots
     plots.use_house_style()
     if ax is None:

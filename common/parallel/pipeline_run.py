@@ -28,6 +28,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from common.core.validate import whole
 from common.parallel import pipeline
 
 RUNNABLE = ("gpipe", "1f1b", "zb1p", "dualpipe", "dualpipev")
@@ -131,8 +132,7 @@ def check_args(schedule: str, world_size: int, micro_batches: int, batch: int, b
         raise ValueError(f"world_size={world_size}: schedule 'dualpipe' needs an even number of ranks (rank r holds "
                          f"stages r and world_size-1-r); allowed: 2, 4, ...")
     for name, v in (("micro_batches", micro_batches), ("batch", batch), ("blocks", blocks)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} must be an integer >= 1")
+        whole(name, v)
     if batch % micro_batches:
         raise ValueError(f"micro_batches={micro_batches}: the batch of {batch} rows does not split into "
                          f"{micro_batches} equal micro-batches; allowed: a divisor of {batch}")
@@ -166,7 +166,6 @@ def pipeline_worker(rank: int, world_size: int, schedules, micro_batches: int, b
     """Run each of `schedules` `repeats` times (one more as warm-up) on this rank, in one process group; return per
     schedule the gradients, op spans and activation memory, and the measured one-way time of one message."""
     import torch
-    import torch.distributed as dist
 
     torch.set_num_threads(1)
     out = {"comm_s": _one_way_time(rank, world_size, batch // micro_batches, hidden)}
@@ -357,10 +356,8 @@ def run_schedules(schedules=("gpipe", "1f1b", "dualpipe"), world_size: int = 2, 
     from common.parallel.distributed import run_workers
     if isinstance(schedules, str):
         schedules = (schedules,)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} must be an integer >= 1")
-    if not isinstance(hidden, int) or hidden < 1:
-        raise ValueError(f"hidden={hidden!r} must be an integer >= 1")
+    whole("repeats", repeats)
+    whole("hidden", hidden)
     scheds = {name: check_args(name, world_size, micro_batches, batch, blocks, backend) for name in schedules}
     per_rank = run_workers(pipeline_worker, world_size,
                            args=(tuple(schedules), micro_batches, batch, blocks, hidden, repeats), backend=backend,

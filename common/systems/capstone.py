@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from common.core.validate import whole
 from common.moe import moe
 
 
@@ -43,9 +44,7 @@ class BlockConfig:
     def __post_init__(self):
         for name in ("batch", "seq", "hidden", "heads", "head_dim", "kv_rank", "experts", "top_k", "n_group",
                      "topk_group", "expert_ffn"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive int")
+            whole(name, getattr(self, name))
         moe.check_routing(self.experts, self.top_k, self.n_group, self.topk_group)
 
     @property
@@ -376,6 +375,7 @@ def profile_step(block: Block, x: torch.Tensor, version: Version, path, moe_fn=N
     """Profile one step (after a warm-up step unless `warmup=False`) with torch.profiler inside
     record_function("step"); write the Chrome trace to `path`. Returns the profiler (for its operator table)."""
     from pathlib import Path
+
     from torch.profiler import ProfilerActivity, profile, record_function
     if warmup:
         step(block, x, version, moe_fn)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from common.core.validate import number
+
 
 def _positive(**kw):
     for name, value in kw.items():
-        if not isinstance(value, (int, float)) or value <= 0:
-            raise ValueError(f"{name}={value!r} must be a positive number")
+        number(name, value)
 
 
 def kv_bytes_per_token(layers: int, kv_heads: int, k_dim: int, v_dim: int, bytes_per_value: float) -> float:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common.core.validate import whole
+
 # the constants of c10/cuda/CUDACachingAllocator.cpp
 K_MIN_BLOCK_SIZE = 512  # every request is rounded up to a multiple of 512 bytes
 K_SMALL_SIZE = 1 << 20  # largest "small" request: 1 MiB
@@ -76,8 +78,7 @@ class CachingAllocatorModel:
 
     def malloc(self, nbytes: int) -> int:
         """Allocate `nbytes`; returns a handle for `free`."""
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-            raise ValueError(f"nbytes={nbytes!r} must be a positive int")
+        whole("nbytes", nbytes)
         size = round_size(nbytes)
         small = size <= K_SMALL_SIZE
         fits = [b for b in self.blocks if b.free and b.size >= size and self._pool[b.segment] == small]

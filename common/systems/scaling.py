@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from common.core.env import REPO_ROOT
+from common.core.validate import number
 
 CLAIMS_PATH = REPO_ROOT / "data" / "claims.json"
 SECONDS_PER_HOUR = 3600.0
@@ -35,13 +36,7 @@ WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5}
 # ---------------------------------------------------------------- input checks
 
 def _positive(name: str, value) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}={value!r} is not a number; allowed: a number > 0") from None
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name}={value!r} is not allowed; {name} must be a finite number > 0")
-    return v
+    return number(name, value)
 
 
 def check_mfu(mfu) -> float:

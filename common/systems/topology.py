@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from common.core.env import REPO_ROOT
+from common.core.validate import whole
 from common.systems import scaling
 
 SYSTEMS_PATH = REPO_ROOT / "data" / "systems.json"
@@ -280,9 +281,7 @@ class Layout:
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp", "ep"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}={v!r} is not allowed; parallel degrees are integers >= 1")
+            whole(name, getattr(self, name), meaning="a parallel degree")
         if self.dp % self.ep:
             raise ValueError(f"ep={self.ep} does not divide dp={self.dp}; expert parallelism groups are carved out "
                              f"of the data-parallel ranks, so ep must divide dp")
@@ -403,6 +402,7 @@ def draw_topology(system_id: str, ax=None, width_per_100gbs: float = 1.2):
     """
     import matplotlib.pyplot as plt
     from matplotlib.collections import LineCollection
+
     from common.core import plots
     plots.use_house_style()
     f = system_figures(system_id)

@@ -15,12 +15,12 @@ import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from common.core.env import REPO_ROOT
 from common.facts import hardware, models
 from common.kernels import roofline
 from common.moe import moe
 from common.parallel import collectives, pipeline
 from common.systems import scaling, topology
-from common.core.env import REPO_ROOT
 
 RUN_PATH = REPO_ROOT / "data" / "deepseek_v3_run.json"
 PRECISIONS = ("fp8", "bf16")
