@@ -31,7 +31,7 @@ JOBS ?= 2
 
 test: $(VENV)/.installed
 	WORKBOOK_HEADLESS=1 WORKBOOK_PROFILE=quick $(PY) -m pytest tests solutions $(NBVAL) -p no:cacheprovider \
-		-n $(JOBS) --dist loadscope
+		-n $(JOBS) --dist loadscope --durations=15
 
 # JupyterLab in headless Chromium (Playwright): Run All on every lab and three solutions, every widget control moved.
 # Installs Playwright into the venv and, as root, Debian's chromium. Screenshots of failures: build/browser/.

@@ -137,7 +137,7 @@ def aot_table(path: str) -> int:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as f:
-        f.write(f"# sm_90 ahead-of-time compile of common/kernels/attention.py kernels, bf16, causal; triton {triton.__version__}, "
+        f.write(f"# sm_90 ahead-of-time compile of common/kernels/attention/ kernels, bf16, causal; triton {triton.__version__}, "
                 f"{datetime.date.today().isoformat()}; limit = H200-SXM smem_per_block_kib (data/hardware.json)\n")
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

@@ -70,7 +70,7 @@ def test_energy_and_plan():
     (lambda: scaling.weight_bytes(1, "int3"), r"precision='int3'"),
     (lambda: scaling.gpus_to_hold(1e12, "H100-SXM", usable_fraction=2), r"usable_fraction=2"),
     (lambda: scaling.claim("deepseek_v3", "nope"), r"'nope'.*allowed"),
-    (lambda: scaling.train_flops("many", 1), r"params='many' is not a number"),
+    (lambda: scaling.train_flops("many", 1), r"params='many' must be a finite number > 0"),
 ])
 def test_bad_input_names_value_and_allowed(call, match):
     with pytest.raises(ValueError, match=match):
