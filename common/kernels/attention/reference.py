@@ -25,6 +25,21 @@ def _check_qkv(q, k, v) -> None:
         raise ValueError(f"seq_len must be >= 1, got q {q.shape[2]}, k {k.shape[2]}")
 
 
+
+def check_kernel_inputs(q, k, v, what: str) -> tuple[int, int, int, int]:
+    """(B, H, N, D) of q, k, v that a Triton kernel of this package can take (one shape, a supported head dim, on a
+    GPU or under the interpreter); else a ValueError naming the problem."""
+    import os
+    _check_qkv(q, k, v)
+    if q.shape != k.shape:
+        raise ValueError(f"the Triton {what} needs q and k of one shape, got {tuple(q.shape)} and {tuple(k.shape)}")
+    if q.shape[-1] not in (16, 32, 64, 128, 256):
+        raise ValueError(f"head_dim={q.shape[-1]} is not supported by the kernel; allowed: 16, 32, 64, 128, 256")
+    if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("q is on the CPU but Triton is not in interpreter mode: call common.setup() before "
+                         "anything imports triton, or move the tensors to the GPU")
+    return tuple(q.shape)
+
 @dataclass
 class HBMCounter:
     """Bytes read from and written to HBM (main memory) by an instrumented implementation."""

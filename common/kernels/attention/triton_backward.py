@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common.core.validate import whole
 from common.kernels.attention.launch_configs import _interpreted, _refuse_if_too_big, _tuned_kernel
-from common.kernels.attention.reference import _check_qkv
+from common.kernels.attention.reference import check_kernel_inputs
 from common.kernels.attention.triton_forward import flash_attention
 from common.kernels.attention.triton_kernels import build_kernels
 
@@ -21,18 +21,11 @@ def flash_attention_backward(q, k, v, o, lse, do, causal: bool = False, scale: f
     """
     import torch
     import triton
-    _check_qkv(q, k, v)
-    if q.shape != k.shape:
-        raise ValueError(f"the Triton backward needs q and k of one shape, got {tuple(q.shape)} and {tuple(k.shape)}")
-    b, h, n, d = q.shape
-    if d not in (16, 32, 64, 128, 256):
-        raise ValueError(f"head_dim={d} is not supported by the kernel; allowed: 16, 32, 64, 128, 256")
+    b, h, n, d = check_kernel_inputs(q, k, v, "backward")
     for name, t, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, q.shape[:3])):
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
             raise ValueError(f"{name} must be a tensor of shape {tuple(shape)}, got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-    if q.device.type == "cpu" and not _interpreted():
-        raise ValueError("q is on the CPU but Triton is not in interpreter mode: call common.setup() first")
     scale = d ** -0.5 if scale is None else scale
     qc, kc, vc, oc, doc = (t.contiguous() for t in (q, k, v, o, do))
     lse = lse.float().contiguous()

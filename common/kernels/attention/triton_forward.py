@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 
 from common.kernels.attention.launch_configs import _interpreted, _refuse_if_too_big, _tuned_kernel
-from common.kernels.attention.reference import _check_qkv
+from common.kernels.attention.reference import _check_qkv, check_kernel_inputs
 from common.kernels.attention.triton_kernels import build_kernels
 
 # Launch shapes of the Triton kernel interpreted on a CPU: few, large blocks (the interpreter pays per operation).
@@ -32,17 +32,9 @@ def launch_forward(kernel, q, k, v, causal: bool = False, block_m: int | None = 
     allocated with a guard zone behind it (`guard=True`), and a kernel that writes past the end of O is reported.
     """
     import torch
-    _check_qkv(q, k, v)
-    if q.shape != k.shape:
-        raise ValueError(f"the Triton forward needs q and k of one shape, got {tuple(q.shape)} and {tuple(k.shape)}")
-    b, h, n, d = q.shape
-    if d not in (16, 32, 64, 128, 256):
-        raise ValueError(f"head_dim={d} is not supported by the kernel; allowed: 16, 32, 64, 128, 256")
+    b, h, n, d = check_kernel_inputs(q, k, v, "forward")
     if "NotImplementedError" in _kernel_source(kernel):
         raise NotImplementedError("the kernel body is still a stub")
-    if q.device.type == "cpu" and not _interpreted():
-        raise ValueError("q is on the CPU but Triton is not in interpreter mode: call common.setup() before "
-                         "anything imports triton, or move the tensors to the GPU")
     import triton
     scale = d ** -0.5 if scale is None else scale
     qc, kc, vc = (t.contiguous() for t in (q, k, v))
