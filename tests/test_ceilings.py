@@ -55,6 +55,7 @@ def test_machine_profile_measured_once(tmp_path, monkeypatch):
     monkeypatch.setattr(ceilings, "MACHINE_DIR", tmp_path)
     monkeypatch.setattr(ceilings, "_cached", {})
     monkeypatch.setattr(ceilings, "dram_buffer_bytes", lambda caches=None, device="cpu": 2**22)
+    monkeypatch.setitem(ceilings.MATMUL_N, "cpu", 256)  # the profile's logic, not this machine's speed
     calls = []
     real = ceilings._time_copy  # one timed copy (machine_profile fills its buffers once)
 
@@ -88,6 +89,7 @@ def test_keep_best_never_lowers_a_ceiling(tmp_path, monkeypatch):
     monkeypatch.setattr(ceilings, "MACHINE_DIR", tmp_path)
     monkeypatch.setattr(ceilings, "_cached", {})
     monkeypatch.setattr(ceilings, "dram_buffer_bytes", lambda caches=None, device="cpu": 2**22)
+    monkeypatch.setitem(ceilings.MATMUL_N, "cpu", 256)  # the profile's logic, not this machine's speed
     first = ceilings.machine_profile(min_run_time=0.01, rounds=2)
     first.copy.value *= 100  # pretend a quiet machine once measured far more
     import json
@@ -102,6 +104,7 @@ def test_raise_to_keeps_the_best_demonstrated_rate(tmp_path, monkeypatch):
     monkeypatch.setattr(ceilings, "MACHINE_DIR", tmp_path)
     monkeypatch.setattr(ceilings, "_cached", {})
     monkeypatch.setattr(ceilings, "dram_buffer_bytes", lambda caches=None, device="cpu": 2**22)
+    monkeypatch.setitem(ceilings.MATMUL_N, "cpu", 256)  # the profile's logic, not this machine's speed
     prof = ceilings.machine_profile(min_run_time=0.01, rounds=2)
     same, lines = ceilings.raise_to(prof, matmul_gflops=prof.matmul.value / 2, source="a slow kernel")
     assert same is prof and lines == []

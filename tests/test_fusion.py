@@ -159,13 +159,8 @@ def test_measure_row():
     assert row["fraction_of_copy_bw"] >= 8000 / (row["time_ms"] * 1e-3) / 1e9 * (1 - 1e-9)
 
 
-def test_compile_and_capture_fuses_the_chain():
-    """One real torch.compile (seconds on a CPU, cached afterwards): the four ops become one generated kernel."""
-    x = torch.randn(4096, device=DEV)
-    compiled, result, kernels = fusion.compile_and_capture(fusion.chain_eager, x)
-    assert torch.allclose(result, fusion.chain_eager(x), rtol=1e-5, atol=1e-6)
-    assert torch.allclose(compiled(x), result)
-    assert len(kernels) == 1 and "fused" in kernels[0].name and "sigmoid" in kernels[0].name
+# fusion.compile_and_capture (one real torch.compile, the chain's four ops in one generated kernel named for them)
+# is checked where it runs: lab 03's compile cell asserts it, in nbval and in the browser test.
 
 
 def test_explain_captures_one_graph_of_four_ops():

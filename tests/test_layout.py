@@ -46,16 +46,20 @@ def layer(name: str) -> int:
     return LAYERS.index(name.split(".")[1])
 
 
-def upward_imports(tree: dict[str, str]) -> list[str]:
+def import_graph(tree: dict[str, str]) -> dict[str, set[str]]:
+    """{module: the common modules it imports} (each source parsed once)."""
+    known = set(tree)
+    return {a: imports(a, src, known) for a, src in tree.items()}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     """'a -> b' for every import from a lower layer to a higher one."""
-    known = set(tree)
-    return sorted(f"{a} -> {b}" for a, src in tree.items() for b in imports(a, src, known) if layer(b) > layer(a))
+    return sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps if layer(b) > layer(a))
 
 
-def cycles(tree: dict[str, str]) -> list[list[str]]:
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Import cycles among the modules (each as the list of modules around it), found by depth-first search."""
-    known = set(tree)
-    graph = {a: sorted(imports(a, src, known) & known) for a, src in tree.items()}
+    graph = {a: sorted(deps & set(graph)) for a, deps in graph.items()}
     state, stack, found = {}, [], []
 
     def visit(node):
@@ -94,6 +98,7 @@ def unknown_packages(tree: dict[str, str]) -> list[str]:
 
 
 TREE = sources()
+GRAPH = import_graph(TREE)
 
 
 def test_the_tree_was_read():
@@ -101,13 +106,13 @@ def test_the_tree_was_read():
 
 
 def test_no_import_points_up():
-    bad = upward_imports(TREE)
+    bad = upward_imports(GRAPH)
     assert not bad, ("imports from a lower layer to a higher one (order: " + " < ".join(LAYERS) + "):\n"
                      + "\n".join(bad))
 
 
 def test_no_import_cycle():
-    found = cycles(TREE)
+    found = cycles(GRAPH)
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
@@ -132,14 +137,15 @@ def test_every_package_says_what_lives_there_and_who_may_import_it(package):
 def test_an_upward_import_is_found_also_inside_a_function():
     tree = {"common.core.timing": "def f():\n    from common.kernels import attention\n",
             "common.kernels.attention": "from common.core import timing\n"}
-    assert upward_imports(tree) == ["common.core.timing -> common.kernels.attention"]
+    assert upward_imports(import_graph(tree)) == ["common.core.timing -> common.kernels.attention"]
 
 
 def test_a_cycle_is_found():
     tree = {"common.kernels.a": "from common.kernels import b\n", "common.kernels.b": "import common.kernels.c\n",
             "common.kernels.c": "from common.kernels.a import x\n", "common.kernels.d": "from common.kernels import a\n"}
-    assert cycles(tree) == [["common.kernels.a", "common.kernels.b", "common.kernels.c", "common.kernels.a"]]
-    assert not cycles({k: v for k, v in tree.items() if k != "common.kernels.c"})
+    assert cycles(import_graph(tree)) == [["common.kernels.a", "common.kernels.b", "common.kernels.c",
+                                           "common.kernels.a"]]
+    assert not cycles(import_graph({k: v for k, v in tree.items() if k != "common.kernels.c"}))
 
 
 def test_a_long_flat_module_in_an_unknown_package_is_found():

@@ -20,6 +20,7 @@ from common.core.env import REPO_ROOT, current
 from common.core.validate import whole
 
 MACHINE_DIR = REPO_ROOT / "build" / "machine"
+MATMUL_N = {"cpu": 1024, "cuda": 8192}  # the ceilings' square matmul: large enough to be compute-bound
 
 
 @dataclass
@@ -200,7 +201,7 @@ def measure_matmul_rate(n: int | None = None, dtype=None, device: str | None = N
     `n_threads` and `best` as in `measure_copy_bandwidth`."""
     import torch
     dev = _device(device)
-    n = n or (8192 if dev == "cuda" else 1024)
+    n = n or MATMUL_N[dev]
     if not isinstance(n, int) or n < 16:
         raise ValueError(f"n={n!r} is too small for a matmul rate; use an int n >= 16")
     dtype = dtype or default_matmul_dtype(dev)
@@ -347,8 +348,7 @@ def machine_profile(refresh: bool = False, min_run_time: float = 0.1, keep_best:
     `keep_best=True` (lab 00's re-measurement) keeps, per ceiling, the higher of the saved and the new value: a
     ceiling is the best this machine has shown, so a run on a busy machine cannot lower the roof that later points
     are judged against. `refresh=True` alone replaces both (after a hardware or configuration change)."""
-    if not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds={rounds!r} must be an int >= 1")
+    whole("rounds", rounds)
     fp = fingerprint()
     path = profile_path(fp)
     old = None
@@ -372,7 +372,7 @@ def machine_profile(refresh: bool = False, min_run_time: float = 0.1, keep_best:
     caches = cache_sizes() if dev == "cpu" else {"L2": gpu_l2_bytes()}
     n_threads = torch.get_num_threads()
     buf = dram_buffer_bytes(caches, dev)
-    mm_n = 8192 if dev == "cuda" else 1024
+    mm_n = MATMUL_N[dev]
     # each ceiling: the best over one thread and all threads (on a busy machine a straggling second thread can make
     # the all-thread copy slower than one core's)
     counts = sorted({1, n_threads}) if dev == "cpu" else [None]
