@@ -1,10 +1,9 @@
 """The unsolved lab's run keeps every cell its stubs can change and what those cells need, and only those."""
 import re
 
+import lab_slice
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
-import lab_slice
 
 EXERCISE = "# Exercise 1.1: double\ndef double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION\n"
 
