@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from common.core.env import REPO_ROOT
+from common.core.validate import number
 from common.facts import hardware
 
 RATES_PATH = REPO_ROOT / "data" / "kernel_rates.json"
@@ -61,14 +62,8 @@ class Rate:
         return f"{self.table} {self.row} {self.tabled_tflops:g} TFLOP/s ({exact})"
 
 
-def _positive(name: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise ValueError(f"{name}={v!r} is not allowed; allowed: a number > 0")
-    return float(v)
-
-
 def _share(sm_share) -> float:
-    s = _positive("sm_share", sm_share)
+    s = number("sm_share", sm_share, meaning="a fraction of the SMs in (0, 1]")
     if s > 1:
         raise ValueError(f"sm_share={sm_share!r} is not allowed; allowed: a fraction of the SMs in (0, 1]")
     return s
@@ -112,8 +107,8 @@ def peak_scale(gpu_id: str, dtype: str = "fp8") -> float:
 def gemm_rate(m, n, k, kind: str = "fwd", groups: int = 1, sm_share: float = 1.0, gpu_id: str = TABLE_GPU) -> Rate:
     """DeepGEMM's FP8 rate for the forward, dgrad or wgrad GEMM of a linear layer Y[m, n] = X[m, k] W[n, k]^T
     (grouped: `groups` experts of `m` rows each), at `sm_share` of the SMs of `gpu_id`."""
-    m, n, k = (_positive(nm, v) for nm, v in (("m", m), ("n", n), ("k", k)))
-    g = _positive("groups", groups)
+    m, n, k = (number(nm, v) for nm, v in (("m", m), ("n", n), ("k", k)))
+    g = number("groups", groups)
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r} is not allowed; allowed: {', '.join(KINDS)}")
     scale = _share(sm_share) * peak_scale(gpu_id, "fp8")
@@ -157,8 +152,8 @@ def attention_flops(seq, heads, d_qk, d_v, causal: bool = True, direction: str =
     """FlashAttention's count for one sequence: 2 s^2 h (d_qk + d_v), halved if causal; backward 2.5x forward."""
     if direction not in ("forward", "backward"):
         raise ValueError(f"direction={direction!r} is not allowed; allowed: 'forward', 'backward'")
-    f = 2.0 * _positive("seq", seq) ** 2 * _positive("heads", heads) * (_positive("d_qk", d_qk) +
-                                                                          _positive("d_v", d_v))
+    f = 2.0 * number("seq", seq) ** 2 * number("heads", heads) * (number("d_qk", d_qk) +
+                                                                          number("d_v", d_v))
     f = f / 2 if causal else f
     return 2.5 * f if direction == "backward" else f
 
@@ -168,7 +163,7 @@ def attention_rate(direction: str, seq, causal: bool = True, sm_share: float = 1
     """FlashAttention-3's BF16 TFLOP/s (H100 SXM5) for `direction` at the tabled length nearest `seq`."""
     fa = load_rates()["flash_attention_3"]
     lens = fa["seqlens"]
-    _positive("seq", seq)
+    number("seq", seq)
     i = min(range(len(lens)), key=lambda j: abs(math.log2(seq / lens[j])))
     dist = abs(math.log2(seq / lens[i]))
     hd = str(head_dim)
@@ -193,6 +188,4 @@ def attention_rate(direction: str, seq, causal: bool = True, sm_share: float = 1
 
 def hbm_seconds(nbytes, gpu_id: str = TABLE_GPU) -> float:
     """A memory-bound kernel: bytes read + written over the datasheet HBM bandwidth (a lower bound on its time)."""
-    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or nbytes < 0:
-        raise ValueError(f"nbytes={nbytes!r} is not allowed; allowed: a number >= 0")
-    return float(nbytes) / (hbm_tbs(gpu_id) * 1e12)
+    return number("nbytes", nbytes, strict=False) / (hbm_tbs(gpu_id) * 1e12)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from common.core.validate import number, whole
 from common.systems import kernel_rates, topology
 
 COMPUTE_PHASES = ("attn(F)", "mlp(F)", "mlp(B)", "mlp(W)", "attn(B)", "attn(W)")
@@ -68,15 +69,12 @@ class Kernel:
 
 def _check(cfg, s: Setup):
     for name in ("tokens", "seq", "ep", "tp"):
-        v = getattr(s, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} is not allowed; allowed: an integer >= 1")
+        whole(name, getattr(s, name))
     if s.tokens * s.tp % s.seq:
         raise ValueError(f"tokens={s.tokens} x tp={s.tp} must hold whole sequences of seq={s.seq}")
     if cfg["n_routed_experts"] % s.ep:
         raise ValueError(f"ep={s.ep} must divide the {cfg['n_routed_experts']} routed experts")
-    if not s.rows_factor > 0:
-        raise ValueError(f"rows_factor={s.rows_factor!r} is not allowed; allowed: a number > 0")
+    number("rows_factor", s.rows_factor)
     for name in ("gemm_scale", "hbm_efficiency"):
         v = getattr(s, name)
         if not 0 < v <= 2:
