@@ -7,10 +7,13 @@ from it -- what `scripts/derive_deepseek_profile.py` writes to data/deepseek_pro
 
     prof = load_profile()
     step_ms(prof)            the GPU span of the step's kernels (ms)         phases(prof)       per phase, summed
-    stream_busy_ms(prof)     per stream                                       exposed_comm_share(prof)
-    class_shares(prof)       kernel-class time / step                         idle_share(prof)
+    host_step_ms(prof)       the host range ProfilerStep#1 (ms)               exposed_comm_share(prof)
+    stream_busy_ms(prof)     per stream                                       idle_share(prof)
+    class_shares(prof)       kernel-class time / step                         gemm_share(prof)
     timeline(prof)           [(stream, phase, layer, start_ms, end_ms, busy_ms)] for a plot
     gemm_kernels(prof)       per phase, the GEMM/attention kernel times in launch order (mean over layers)
+    prof["overlap"]          compute / communication busy, their overlap, exposed communication, idle (ms)
+    CLASSES, classify(name)  the kernel classes and the rule that assigns them
 
 The step is the GPU's: from the first to the last kernel the step's host range (`ProfilerStep#1`) launched. The
 host range itself closes earlier (the host runs ahead of the GPU, and waits for it only at DeepEP's syncs), so
