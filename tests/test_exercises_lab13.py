@@ -10,17 +10,21 @@ def stub(*args, **kwargs):
 
 
 # ---- 13.1
-def mla(cfg):
+def mla(cfg, swap=None):
     h, nh, qr, kvr = cfg["hidden_size"], cfg["num_attention_heads"], cfg["q_lora_rank"], cfg["kv_lora_rank"]
-    nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    dims = {"nope": cfg["qk_nope_head_dim"], "rope": cfg["qk_rope_head_dim"], "v": cfg["v_head_dim"]}
+    if swap:
+        a, b = swap
+        dims[a], dims[b] = dims[b], dims[a]
+    nope, rope, vd = dims["nope"], dims["rope"], dims["v"]
     return h * qr + qr * nh * (nope + rope) + h * (kvr + rope) + kvr * nh * (nope + vd) + nh * vd * h
 
 
-def right_flops(cfg, tokens, factor=2, experts=None, shared=True, router=True, attn=True, mats=3):
+def right_flops(cfg, tokens, factor=2, experts=None, shared=True, router=True, attn=True, mats=3, swap=None):
     h, i = cfg["hidden_size"], cfg["moe_intermediate_size"]
     k = cfg["num_experts_per_tok"] if experts is None else experts
     n = (k + (cfg["n_shared_experts"] if shared else 0)) * mats * h * i
-    n += (cfg["n_routed_experts"] * h if router else 0) + (mla(cfg) if attn else 0)
+    n += (cfg["n_routed_experts"] * h if router else 0) + (mla(cfg, swap) if attn else 0)
     return factor * tokens * n
 
 
@@ -37,6 +41,9 @@ def test_moe_layer_flops_right_and_stub():
     (lambda c, t: right_flops(c, t, attn=False), r"MLA projections"),
     (lambda c, t: right_flops(c, t, experts=c["n_routed_experts"]), r"every routed expert"),
     (lambda c, t: right_flops(c, t, mats=2), r"3 \(gate, up and down\)"),
+    (lambda c, t: right_flops(c, t, swap=("nope", "rope")), r"swaps qk_nope_head_dim and qk_rope_head_dim"),
+    (lambda c, t: right_flops(c, t, swap=("nope", "v")), r"swaps qk_nope_head_dim and v_head_dim"),
+    (lambda c, t: right_flops(c, t, swap=("rope", "v")), r"swaps qk_rope_head_dim and v_head_dim"),
     (lambda c, t: right_flops(v3_cfg(), t), r"moe_layer_flops\(cfg with hidden=4096"),  # ignores cfg
     (lambda c, t: None, r"returned None"),
     (lambda c, t: (1.0, 2.0), r"returned tuple"),
@@ -44,6 +51,15 @@ def test_moe_layer_flops_right_and_stub():
 def test_moe_layer_flops_wrong(wrong, match):
     with pytest.raises(CheckFailed, match=match):
         check_moe_layer_flops(wrong)
+
+
+def test_head_dims_are_distinct_in_a_fixed_case():
+    # V3 itself has qk_nope = v_head = 128: a checker that only used V3 could not see that swap
+    from common.exercises.lab13 import _configs
+    import random
+    fixed, rand = _configs(random.Random(0))
+    for cfg in fixed[1:] + rand:
+        assert len({cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]}) == 3
 
 
 def v3_cfg():

@@ -9,10 +9,22 @@
   it is the GPU's idle fraction.
 - `component_shares(events, window, components)`: the share of the window spent in each named `record_function`
   range, backward included (each backward function is charged to the component whose forward op it differentiates).
+
+Reading a GPU trace (a PyTorch-profiler Chrome trace of a real training step, e.g. DeepSeek's profile-data):
+- `read_trace(path)`: the whole file, checked -- a clear error when it is not JSON, truncated, has no `traceEvents`;
+- `gpu_events(events)`: kernels, memcpys and memsets (the device side), each with its `stream`;
+- `attribute(events, annotations)`: for each GPU event, the annotation (a `user_annotation` range on the host)
+  whose range holds the host call that launched it (matched by the `correlation` id): phases as the GPU ran them,
+  not as the host issued them (the host runs ahead, or waits at a sync, so host ranges are not GPU times);
+- `stream_busy(gpu)`, `overlap(a, b)`, `exposed(comm, compute)`: per-stream busy time, the time two sets of events
+  run together, and the time a set runs with nothing of the other beside it (exposed communication);
+- `phase_table(events, window)`: per annotation inside a window -- host duration, GPU start/end/busy, per stream.
+Times are microseconds, as in the trace.
 """
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from collections import defaultdict
 from pathlib import Path
 
@@ -105,3 +117,169 @@ def component_shares(events, window: tuple[float, float], components) -> dict:
     shares["idle"] = idle_share(ops, window)
     shares["other"] = 1.0 - sum(shares.values())  # operators outside the components (one thread: exact)
     return shares
+
+
+# ---------------------------------------------------------------- GPU traces: streams, phases, overlap
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+
+
+def read_trace(path) -> dict:
+    """A Chrome-trace JSON file as a dict with `traceEvents` (a bare list of events is wrapped). Errors name what is
+    wrong: a missing file, not JSON, a truncated file, no `traceEvents` list."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"trace {str(p)!r} does not exist")
+    text = p.read_text(errors="replace")
+    if not text.strip():
+        raise ValueError(f"trace {p.name!r} is empty: expected Chrome-trace JSON with a 'traceEvents' list")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        if text.lstrip()[:1] in "{[" and _unclosed(text):
+            raise ValueError(f"trace {p.name!r} is truncated: its JSON stops after {len(text)} characters with a "
+                             f"string or brackets still open ({e.msg}); download or export it again") from None
+        raise ValueError(f"trace {p.name!r} is not JSON ({e.msg} at line {e.lineno}, column {e.colno}); expected "
+                         f"the Chrome-trace JSON that torch.profiler's export_chrome_trace writes") from None
+    if isinstance(data, list):
+        data = {"traceEvents": data}
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        keys = ", ".join(sorted(data)) if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"trace {p.name!r} has no 'traceEvents' list (found: {keys})")
+    return data
+
+
+def _unclosed(text: str) -> bool:
+    """Whether the text ends inside a string or with brackets still open: JSON cut short."""
+    depth, in_str, esc = 0, False, False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+    return in_str or depth > 0
+
+
+def complete_events(data) -> list[dict]:
+    """The complete ("X") events of a trace (dict or list), sorted by start time."""
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    return sorted((e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e), key=lambda e: e["ts"])
+
+
+def stream_of(e) -> int | str | None:
+    return (e.get("args") or {}).get("stream", e.get("tid"))
+
+
+def gpu_events(events) -> list[dict]:
+    """Kernels, memcpys and memsets: what ran on the device."""
+    return [e for e in events if e.get("cat") in GPU_CATEGORIES]
+
+
+def intersect(a, b) -> list[tuple[float, float]]:
+    """The intersection of two sorted disjoint interval lists."""
+    i = j = 0
+    out = []
+    while i < len(a) and j < len(b):
+        s, t = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if s < t:
+            out.append((s, t))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def total(intervals) -> float:
+    return float(sum(t - s for s, t in intervals))
+
+
+def busy(events, window=None) -> float:
+    """Time at least one of `events` runs (overlaps merged), optionally clipped to `window`."""
+    return total(merged_intervals(events, window))
+
+
+def stream_busy(gpu, window=None) -> dict:
+    """{stream: busy time} of the GPU events of each stream."""
+    by = defaultdict(list)
+    for e in gpu:
+        by[stream_of(e)].append(e)
+    return {k: busy(v, window) for k, v in sorted(by.items(), key=lambda kv: str(kv[0]))}
+
+
+def overlap(a, b, window=None) -> float:
+    """Time during which something of `a` and something of `b` run at once."""
+    return total(intersect(merged_intervals(a, window), merged_intervals(b, window)))
+
+
+def exposed(comm, compute, window=None) -> float:
+    """Time `comm` runs with none of `compute` beside it: communication on the critical path."""
+    return busy(comm, window) - overlap(comm, compute, window)
+
+
+def span(events) -> tuple[float, float]:
+    """(first start, last end) of `events`."""
+    if not events:
+        raise ValueError("no events: a span needs at least one")
+    return min(float(e["ts"]) for e in events), max(float(e["ts"]) + float(e["dur"]) for e in events)
+
+
+def annotations(events, window=None, exclude=()) -> list[dict]:
+    """The user_annotation ranges (record_function) inside `window`, minus names in `exclude`, by start time."""
+    out = []
+    for e in of_category(events, "user_annotation"):
+        if e["name"] in exclude:
+            continue
+        if window is None or (window[0] <= e["ts"] and e["ts"] + e["dur"] <= window[1]):
+            out.append(e)
+    return sorted(out, key=lambda e: e["ts"])
+
+
+def attribute(events, ranges) -> list[tuple[dict, int | None]]:
+    """[(gpu event, index into `ranges` or None)]: each GPU event goes to the innermost range (shortest) that holds
+    the host launch with the same `correlation` id. GPU events without a launch in the trace get None."""
+    launch_ts = {}
+    for e in events:
+        if e.get("cat") in LAUNCH_CATEGORIES:
+            c = (e.get("args") or {}).get("correlation")
+            if c is not None:
+                launch_ts[c] = float(e["ts"])
+    starts = [float(r["ts"]) for r in ranges]
+    out = []
+    for g in gpu_events(events):
+        ts = launch_ts.get((g.get("args") or {}).get("correlation"))
+        best = None
+        if ts is not None:
+            for i in range(bisect_right(starts, ts) - 1, -1, -1):
+                r = ranges[i]
+                if starts[i] <= ts < starts[i] + float(r["dur"]):
+                    if best is None or r["dur"] < ranges[best]["dur"]:
+                        best = i
+        out.append((g, best))
+    return out
+
+
+def phase_table(events, window, exclude=()) -> list[dict]:
+    """One row per annotation inside `window` (host range): its name, host start/duration, and the GPU events it
+    launched -- their GPU start/end, busy time in all and per stream, and the events themselves."""
+    ranges = annotations(events, window, exclude)
+    rows = [{"name": r["name"], "host_ts": float(r["ts"]), "host_dur": float(r["dur"]), "events": []} for r in ranges]
+    for g, i in attribute(events, ranges):
+        if i is not None:
+            rows[i]["events"].append(g)
+    for row in rows:
+        ev = row["events"]
+        row["gpu_start"], row["gpu_end"] = span(ev) if ev else (None, None)
+        row["busy"] = busy(ev)
+        row["streams"] = stream_busy(ev)
+    return rows

@@ -25,17 +25,30 @@ def moe_layer_parts(cfg) -> dict:
 
 def _configs(rng):
     base = v3model.config()
+    # V3's own heads have qk_nope = v_head = 128, so a swap of those two would pass on it alone: the second fixed
+    # config and the random ones give the three head sizes three different values
     fixed = [base,
              base.replace(hidden_size=4096, moe_intermediate_size=1408, num_experts_per_tok=6, n_routed_experts=64,
                           n_shared_experts=2, q_lora_rank=768, kv_lora_rank=384, num_attention_heads=32,
-                          num_key_value_heads=32)]
+                          num_key_value_heads=32, qk_nope_head_dim=96, qk_rope_head_dim=32, v_head_dim=160)]
     heads = [rng.choice([16, 40, 96]) for _ in range(3)]
+    dims = [rng.sample([32, 48, 64, 96, 128, 192], 3) for _ in range(3)]
     rand = [base.replace(hidden_size=rng.choice([1024, 2048, 3072, 5120]),
                          moe_intermediate_size=rng.choice([512, 768, 1536]), num_experts_per_tok=rng.choice([2, 4, 6]),
                          n_routed_experts=rng.choice([32, 64, 160]), n_shared_experts=rng.choice([1, 2, 3]),
                          q_lora_rank=rng.choice([256, 1024]), kv_lora_rank=rng.choice([128, 256]),
-                         num_attention_heads=nh, num_key_value_heads=nh) for nh in heads]
+                         num_attention_heads=nh, num_key_value_heads=nh, qk_nope_head_dim=d[0], qk_rope_head_dim=d[1],
+                         v_head_dim=d[2]) for nh, d in zip(heads, dims)]
     return fixed, rand
+
+
+def mla_flops_per_token(cfg, nope=None, rope=None, vd=None) -> float:
+    """Forward FLOPs per token of MLA's five projections, with the head sizes overridable (to name a swap)."""
+    h, nh, qr, kvr = cfg["hidden_size"], cfg["num_attention_heads"], cfg["q_lora_rank"], cfg["kv_lora_rank"]
+    nope = cfg["qk_nope_head_dim"] if nope is None else nope
+    rope = cfg["qk_rope_head_dim"] if rope is None else rope
+    vd = cfg["v_head_dim"] if vd is None else vd
+    return 2 * (h * qr + qr * nh * (nope + rope) + h * (kvr + rope) + kvr * nh * (nope + vd) + nh * vd * h)
 
 
 @checker("13.1", "forward FLOPs of one MoE layer from the config")
@@ -69,6 +82,13 @@ def check_moe_layer_flops(moe_layer_flops, cases):
             (expected - tokens * (p["routed"] + p["shared"]) / 3,
              "counts 2 matrices per expert; a SwiGLU expert has 3 (gate, up and down)"),
         ]
+        nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+        for a, b_, c, why in [(rope, nope, vd, "qk_nope_head_dim and qk_rope_head_dim"),
+                              (vd, rope, nope, "qk_nope_head_dim and v_head_dim"),
+                              (nope, vd, rope, "qk_rope_head_dim and v_head_dim")]:
+            swapped = expected - tokens * (p["mla"] - mla_flops_per_token(cfg, a, b_, c))
+            mistakes.append((swapped, f"swaps {why} in the MLA projections (q_b: heads x (nope + rope), kv_a: "
+                                      f"kv_lora_rank + rope, kv_b: heads x (nope + v), output: heads x v)"))
         for value, why in mistakes:
             if near(got, value, 1e-9) and not near(got, expected, 1e-9):
                 fail(f"{where} = {got:.10g}: that {why} (expected {expected:.10g})")

@@ -1,57 +1,38 @@
-"""A step-time model of DeepSeek-V3's pre-training run, composed from the labs' helpers: GEMM FLOPs of the real config
-(common.kernels.roofline.gemm_cost over common.facts.models' shapes), a FLOP rate at a stated GEMM efficiency of the datasheet peaks
-(common.facts.hardware), the EP all-to-all with node-limited routing and per-node de-duplication (common.systems.topology,
-common.moe.moe),
-the DualPipe / 1F1B schedule (common.parallel.pipeline's simulator), the ZeRO-1 gradient reduce-scatter / all-gather
-(common.parallel.collectives) and memory per GPU (common.systems.topology.memory_per_gpu_gb). The run's facts come from
-data/deepseek_v3_run.json (each with its source).
+"""DeepSeek-V3's pre-training run, predicted (lab 13): GPU-hours per trillion tokens from the real config, the
+published per-kernel rates and lab 08's DualPipe simulator, with no constant fitted to a measured step or to the
+reported 180K.
 
-Units: seconds, FLOPs, bytes; GB = 1e9 bytes. One *chunk* = one micro-batch through one pipeline stage (1/PP of the
-model, layers split evenly); F, B, W as in common.parallel.pipeline (W: the weight-gradient GEMMs, B: input + weight gradients).
+Two models live here:
+- `predict_flop_rate(x)`: the first estimate -- every GEMM FLOP at one stated efficiency of the dense peak
+  (DeepGEMM's headline 1,350 TFLOP/s), the attention core at FlashAttention-3's 75% of BF16, nothing else counted.
+  An upper bound on the speed (lab 09 uses its chunk, `chunk(x)`, as the compute term);
+- `predict(x)`: the kernel-level model -- each block's kernels timed from their shapes (common.systems.v3kernels:
+  DeepGEMM's per-shape tables, FlashAttention-3's figures, memory-bound kernels at the HBM bandwidth, DeepEP's
+  all-to-all on the SMs it holds), composed into F&B pairs as DeepSeek's trace runs them (common.systems.v3step),
+  stages split as evenly as contiguous layers allow, the DualPipe / 1F1B schedule simulated
+  (common.parallel.pipeline), plus the PP sends, the ZeRO-1 gradient sync and optimizer step, and the batch ramp.
+The run's facts come from data/deepseek_v3_run.json (each with its source).
+
+Units: seconds, FLOPs, bytes; GB = 1e9 bytes. One *chunk* = one micro-batch through one pipeline stage; F, B, W as in
+common.parallel.pipeline (W: the weight-gradient GEMMs, B: input + weight gradients).
 """
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from statistics import NormalDist
 
-from common.core.env import REPO_ROOT
-from common.facts import hardware, models
+from common.facts import hardware
 from common.kernels import roofline
 from common.moe import moe
-from common.parallel import collectives, pipeline
-from common.systems import scaling, topology
+from common.parallel import pipeline
+from common.systems import scaling, topology, v3kernels, v3step
+from common.systems.v3facts import RUN_PATH, config, fact, load_run, source  # noqa: F401  (re-exported)
+from common.systems.v3memory import (activation_bytes_per_token_layer, dp_sync_seconds, memory_gb,  # noqa: F401
+                                     optimizer_seconds, param_layout, sketch)
 
-RUN_PATH = REPO_ROOT / "data" / "deepseek_v3_run.json"
 PRECISIONS = ("fp8", "bf16")
-
-
-# ---------------------------------------------------------------- facts
-
-@lru_cache(maxsize=1)
-def load_run() -> dict:
-    return json.loads(RUN_PATH.read_text())
-
-
-def fact(name: str):
-    """A fact of the run, e.g. fact("comm_sms") -> 20."""
-    facts = load_run()["facts"]
-    if name not in facts:
-        raise ValueError(f"{name!r} is not a fact in data/deepseek_v3_run.json; recorded: {', '.join(facts)}")
-    return facts[name]["value"]
-
-
-def source(name: str) -> str:
-    entry = load_run()["facts"].get(name)
-    if entry is None:
-        raise ValueError(f"{name!r} is not a fact in data/deepseek_v3_run.json")
-    src = load_run()["sources"][entry["source"]]
-    return f"{src['title']} ({src['url']}, {src['date']})"
-
-
-@lru_cache(maxsize=1)
-def config():
-    return models.load_model_config("deepseek_v3")
 
 
 # ---------------------------------------------------------------- inputs
@@ -77,6 +58,9 @@ class Inputs:
     micro_batch_tokens: int      # tokens of one micro-batch per GPU (a TP group of tp GPUs shares tp x as many)
     max_nodes: int | None        # node-limited routing: at most this many nodes per token (None: no limit)
     dedup: bool = True           # one IB copy per destination node, forwarded over NVLink
+    gemm_scale: float = 1.0      # kernel model: x every published GEMM rate (1/1.2: the kernels DeepGEMM beat)
+    hbm_efficiency: float = 1.0  # kernel model: share of the datasheet HBM bandwidth memory-bound kernels reach
+    rows_factor: float | None = None   # kernel model: busiest EP rank's routed rows / mean (None: sampling floor)
 
     @property
     def dp(self) -> int:
@@ -120,6 +104,13 @@ def check_inputs(x: Inputs) -> Inputs:
         raise ValueError(f"schedule={x.schedule!r} is not allowed; allowed: 'dualpipe', '1f1b'")
     if x.gpus % (x.pp * x.tp) or x.dp % x.ep:
         raise ValueError(f"gpus={x.gpus} is not tp x pp x dp with ep | dp (tp={x.tp}, pp={x.pp}, ep={x.ep})")
+    for name in ("gemm_scale", "hbm_efficiency"):
+        v = getattr(x, name)
+        if not 0 < v <= 2:
+            raise ValueError(f"{name}={v!r} is not allowed; allowed: a factor in (0, 2]")
+    if x.rows_factor is not None and not x.rows_factor >= 1:
+        raise ValueError(f"rows_factor={x.rows_factor!r} is not allowed; allowed: >= 1 (the busiest rank over the "
+                         f"mean) or None")
     if x.tokens_per_step % (x.dp * x.micro_batch_tokens * x.tp):
         raise ValueError(f"micro_batch_tokens={x.micro_batch_tokens} does not divide the {x.tokens_per_step} tokens "
                          f"per step over dp={x.dp}")
@@ -261,70 +252,6 @@ def chunk(x: Inputs, cfg=None) -> Chunk:
     return Chunk(t["F"], t["B"], t["W"], a2a, a2a, tp, tp, send)
 
 
-# ---------------------------------------------------------------- data parallel and memory
-
-def sketch(cfg=None) -> topology.ModelSketch:
-    """DeepSeek-V3 with its MTP module (whose routed experts are sharded like the others)."""
-    cfg = cfg or config()
-    base = topology.model_sketch("deepseek_v3")
-    c = models.count_params(cfg)
-    mtp_experts = cfg["num_nextn_predict_layers"] * cfg["n_routed_experts"] * models.ffn_params(
-        cfg["hidden_size"], cfg["moe_intermediate_size"])
-    return replace(base, dense_params=base.dense_params + c["mtp_total"] - mtp_experts,
-                   expert_params=base.expert_params + mtp_experts)
-
-
-def param_layout(x: Inputs) -> topology.Layout:
-    """DualPipe keeps two stages per rank (two copies of the model across the pipeline): parameters as for PP/2
-    with twice the replicas. 1F1B: one stage per rank."""
-    if x.schedule == "dualpipe":
-        return topology.Layout(tp=x.tp, pp=x.pp // 2, dp=x.dp * 2, ep=x.ep)
-    return topology.Layout(tp=x.tp, pp=x.pp, dp=x.dp, ep=x.ep)
-
-
-def dp_sync_seconds(x: Inputs) -> float:
-    """ZeRO-1: reduce-scatter of the FP32 gradients, all-gather of the updated BF16 weights, over each parameter's
-    replicas (dense: all DP ranks, across nodes; routed experts: dp / ep ranks), at the IB bandwidth."""
-    m, lay = sketch(), param_layout(x)
-    dense = m.dense_params / (lay.tp * lay.pp)
-    experts = m.expert_params / (lay.tp * lay.pp * lay.ep)
-    bw = x.ib_gbs * 1e9
-    t = 0.0
-    for n, replicas in ((dense, lay.dp), (experts, lay.dp // lay.ep)):
-        if replicas > 1:
-            t += collectives.ring_reduce_scatter_time(n * fact("grad_bytes"), replicas, 0.0, bw)
-            t += collectives.ring_allgather_time(n * 2, replicas, 0.0, bw)
-    return t
-
-
-def activation_bytes_per_token_layer(cfg=None) -> float:
-    """Bytes a MoE layer keeps per token for its backward, with DeepSeek's recipe: the layer input (BF16; RMSNorm
-    recomputed), the MLA latents (BF16; up-projections recomputed), the attention output (FP8, input of the output
-    projection), and per expert (shared + routed) its FP8 input and FP8 SwiGLU input (the SwiGLU output recomputed)."""
-    cfg = cfg or config()
-    h = cfg["hidden_size"]
-    attn = 2 * h + 2 * (cfg["q_lora_rank"] + cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) + \
-        cfg["num_attention_heads"] * cfg["v_head_dim"]
-    experts = cfg["num_experts_per_tok"] + cfg["n_shared_experts"]
-    return attn + experts * (h + 2 * cfg["moe_intermediate_size"])
-
-
-def memory_gb(x: Inputs) -> dict:
-    """GB per GPU: BF16 weights, FP32 gradients, FP32 master + BF16 moments sharded by ZeRO-1 (EMA on the CPU, so
-    none here), and activations of the chunks in flight (DualPipe: PP + 1; 1F1B: PP), common.parallel.pipeline's count."""
-    mem = topology.memory_per_gpu_gb(sketch(), param_layout(x), weight_bytes=2, grad_bytes=fact("grad_bytes"),
-                                     optimizer_bytes=fact("master_weight_bytes") + 2 * fact("adam_moment_bytes"))
-    cfg = config()
-    in_flight = pipeline.memory_formula(x.schedule, x.pp)["activations"]
-    layers = (cfg["num_hidden_layers"] + cfg["num_nextn_predict_layers"]) / x.pp
-    act = in_flight * x.micro_batch_tokens * layers * activation_bytes_per_token_layer(cfg) / 1e9
-    out = {k: mem[k] for k in ("weights", "grads", "optimizer")}
-    out["activations"] = act
-    out["total"] = sum(out.values())
-    out["hbm"] = float(hardware.gpu(x.gpu_id).hbm_gb)
-    return out
-
-
 # ---------------------------------------------------------------- the prediction
 
 def gpu_hours_per_t_tokens(step_seconds, gpus, tokens_per_step) -> float:
@@ -351,8 +278,8 @@ class Prediction:
         return self.gpu_hours_per_t / fact("gpu_hours_per_t_tokens")
 
 
-def predict(x: Inputs | None = None, **changes) -> Prediction:
-    """One training step of the run described by `x` (default: as reported), changed by `changes`."""
+def predict_flop_rate(x: Inputs | None = None, **changes) -> Prediction:
+    """The first estimate: one step with every GEMM FLOP at `fp8_efficiency` / `bf16_efficiency` of the peak."""
     x = check_inputs(replace(x or defaults(), **changes))
     ch = chunk(x)
     dur = ch.durations(x.schedule)
@@ -377,6 +304,137 @@ def predict(x: Inputs | None = None, **changes) -> Prediction:
                       memory_gb(x))
 
 
+# ---------------------------------------------------------------- the kernel-level model
+
+def ep_imbalance_floor(cfg=None, tokens: int | None = None, ep: int | None = None) -> float:
+    """The busiest EP rank's routed rows over the mean when every expert is equally likely -- what DeepSeek's
+    balancing aims at, so a floor: sampling alone. Each of the ep x tokens tokens puts a hypergeometric number of
+    its top_k experts on a rank holding experts / ep of them; the busiest of ep ranks sits about z standard
+    deviations above the mean (z: the expected maximum of ep standard normals, Blom's approximation)."""
+    cfg = cfg or config()
+    tokens, ep = tokens or fact("micro_batch_tokens"), ep or fact("expert_parallel")
+    if ep == 1:
+        return 1.0
+    E, k = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    p = (E // ep) / E
+    var = k * p * (1 - p) * (E - k) / (E - 1)
+    n = ep * tokens
+    z = NormalDist().inv_cdf((ep - 0.375) / (ep + 0.25))
+    return 1 + z * math.sqrt(n * var) / (n * k * p)
+
+
+def setup(x: Inputs, rows_factor: float | None = None) -> v3kernels.Setup:
+    """The kernel model's view of the run: one GPU's micro-batch, the SMs DeepEP takes, the links."""
+    rf = rows_factor if rows_factor is not None else (x.rows_factor or ep_imbalance_floor(tokens=x.micro_batch_tokens,
+                                                                                          ep=x.ep))
+    return v3kernels.Setup(tokens=x.micro_batch_tokens, seq=x.sequence_length, ep=x.ep, tp=x.tp, gpu_id=x.gpu_id,
+                           comm_sms=x.comm_sms, overlap=x.schedule == "dualpipe", rows_factor=rf,
+                           gemm_scale=x.gemm_scale, hbm_efficiency=x.hbm_efficiency, dispatch_gbs=x.ib_gbs,
+                           combine_gbs=x.ib_gbs, nvlink_gbs=x.nvlink_gbs, domain_gpus=x.domain_gpus,
+                           max_nodes=x.max_nodes, dedup=x.dedup)
+
+
+def pp_send_seconds(x: Inputs) -> float:
+    """One micro-batch's activations (BF16) to the next stage, over IB (the stages sit on different nodes)."""
+    return x.micro_batch_tokens * x.tp * config()["hidden_size"] * 2 / x.tp / (x.ib_gbs * 1e9)
+
+
+def kernel_chunks(x: Inputs, rows_factor: float | None = None) -> dict:
+    """Blocks, stage plan, per-rank (F, B, W, F&B) seconds and the simulator's durations (the heaviest rank's)."""
+    cfg = config()
+    blk = v3step.blocks(cfg, setup(x, rows_factor))
+    plan = v3step.stage_plan(cfg, x.pp, blk, x.schedule)
+    ranks = v3step.rank_pairs(plan, blk, x.schedule)
+    return {"blocks": blk, "plan": plan, "ranks": ranks, "durations": v3step.durations(ranks, pp_send_seconds(x))}
+
+
+def unit_seconds(blk: dict, schedule: str) -> float:
+    """A rank's work per micro-batch if its stages held 4 + 4 MoE layers (the trace's shape): an F&B pair with
+    DualPipe, a lone F and a lone B otherwise."""
+    four = [blk["moe"]] * 4
+    if schedule == "dualpipe":
+        return v3step.pair(four, four).step
+    return v3step.lone(four, "F") + v3step.lone(four, "B")
+
+
+def pipeline_step(x: Inputs, dur: pipeline.Durations, micro_batches: int | None = None) -> dict:
+    """The simulated step with durations `dur`: makespan, plus the ZeRO-1 sync beyond each rank's idle tail and the
+    optimizer update."""
+    res = v3step.makespan(x.schedule, x.pp, micro_batches or x.micro_batches, dur)
+    tails = [res.makespan - max(end for _, end, _, _ in spans) for spans in res.spans]
+    dp = dp_sync_seconds(x)
+    dp_exposed = max(exposed(dp, tail) for tail in tails)
+    opt = optimizer_seconds(x)
+    return {"result": res, "dp_sync": dp, "dp_exposed": dp_exposed, "optimizer": opt,
+            "step": res.makespan + dp_exposed + opt}
+
+
+def ramp_extra_gpu_hours_per_t(x: Inputs, step_of, points: int = 4) -> dict:
+    """What the batch ramp adds to GPU-hours per trillion tokens averaged over the whole run: the batch grows from
+    `batch_sequences_initial` to `batch_sequences` over the first `batch_ramp_tokens` (linearly in tokens: the
+    report says "gradually"); each of `points` slices runs at its mid batch with whole-sequence micro-batches
+    (DualPipe's minimum of 2 x PP per pipeline where the batch is smaller: a lower bound there). `step_of(m)`:
+    seconds of a step with m micro-batches per pipeline."""
+    b0, b1, ramp = fact("batch_sequences_initial"), fact("batch_sequences"), fact("batch_ramp_tokens")
+    total = scaling.claim("deepseek_v3", "train_tokens")
+    per_mb = x.micro_batch_tokens * x.tp // x.sequence_length       # sequences per micro-batch and pipeline
+    least = 2 * x.pp if x.schedule == "dualpipe" else x.pp
+
+    def cost(m):   # GPU-hours per token of a step with m micro-batches per pipeline
+        return step_of(m) * x.gpus / scaling.SECONDS_PER_HOUR / (m * x.dp * x.micro_batch_tokens * x.tp)
+
+    full = cost(x.micro_batches)
+    extra, rows = 0.0, []
+    for i in range(points):
+        b = b0 + (b1 - b0) * (i + 0.5) / points
+        m = max(least, 2 * round(b / (x.dp * per_mb) / 2))
+        c = cost(m)
+        extra += ramp / points * (c - full)
+        rows.append((b, m, c * 1e12))
+    return {"gpu_hours_per_t": extra / (total / 1e12), "slices": rows, "full_batch_gpu_hours_per_t": full * 1e12}
+
+
+@dataclass
+class KernelPrediction(Prediction):
+    plan: list = None
+    ranks: list = None
+    blocks: dict = None
+    full_batch_gpu_hours_per_t: float = 0.0
+    ramp_gpu_hours_per_t: float = 0.0
+
+
+def predict(x: Inputs | None = None, **changes) -> KernelPrediction:
+    """The kernel-level prediction of the run described by `x` (default: as reported), changed by `changes`:
+    GPU-hours per trillion tokens averaged over the run (the batch ramp included), MFU at the final batch, the step
+    and its breakdown (seconds per step, summing to the step). Cached: the same inputs give the same object."""
+    return _predict(check_inputs(replace(x or defaults(), **changes)))
+
+
+@lru_cache(maxsize=128)
+def _predict(x: Inputs) -> KernelPrediction:
+    k = kernel_chunks(x)
+    dur = k["durations"]
+    main = pipeline_step(x, dur)
+    step, res, m = main["step"], main["result"], x.micro_batches
+    ramp = ramp_extra_gpu_hours_per_t(x, lambda mb: pipeline_step(x, dur, mb)["step"])
+    full = gpu_hours_per_t_tokens(step, x.gpus, x.tokens_per_step)
+    flops = training_flops_per_token(seq=x.sequence_length) * x.tokens_per_step
+    mfu = flops / (x.gpus * step * hardware.peak_tflops(x.gpu_id, "fp8") * 1e12)
+    base = unit_seconds(v3step.blocks(config(), setup(x, 1.0)), x.schedule)
+    imb = unit_seconds(k["blocks"], x.schedule)
+    no_send = v3step.makespan(x.schedule, x.pp, m, replace(dur, comm=0.0)).makespan
+    breakdown = {"4 + 4 MoE layers per micro-batch (the trace's shape)": m * base,
+                 "EP imbalance (sampling floor)": m * (imb - base),
+                 "uneven stages: dense layers, heads": m * (dur.fb - imb),
+                 "pipeline bubble and lone chunks": no_send - m * dur.fb,
+                 "PP sends": res.makespan - no_send,
+                 "ZeRO-1 sync + optimizer step": main["dp_exposed"] + main["optimizer"]}
+    return KernelPrediction(x, dur, res, main["dp_sync"], main["dp_exposed"], step,
+                            full + ramp["gpu_hours_per_t"], mfu, breakdown, memory_gb(x), plan=k["plan"],
+                            ranks=k["ranks"], blocks=k["blocks"], full_batch_gpu_hours_per_t=full,
+                            ramp_gpu_hours_per_t=ramp["gpu_hours_per_t"])
+
+
 def reported_mfu_fp8(cfg=None) -> float:
     """The MFU the reported 180K GPU-hours per trillion tokens imply with this model's FLOPs per token."""
     return training_flops_per_token(cfg) * 1e12 / (fact("gpu_hours_per_t_tokens") * scaling.SECONDS_PER_HOUR *
@@ -384,29 +442,50 @@ def reported_mfu_fp8(cfg=None) -> float:
 
 
 def input_to_match(name: str, lo: float, hi: float, target_gpu_hours: float | None = None, x: Inputs | None = None,
-                   tol: float = 1e-6) -> float:
-    """The value of input `name` in [lo, hi] at which the model predicts `target_gpu_hours` (default: the reported
-    figure), everything else as in `x`; found by bisection (the prediction must be monotone in `name`). NaN when
-    no value in the range reaches the target."""
+                   tol: float = 1e-6, model=None, inverse: bool = False) -> float:
+    """The value of input `name` in [lo, hi] at which `model` (default: `predict`) gives `target_gpu_hours` (default:
+    the reported figure), everything else as in `x`. The prediction must be monotone in `name`; found by regula
+    falsi (Illinois variant) until it is within 0.01% of the target or the bracket within `tol` x the range --
+    on 1 / value when `inverse` (a rate or an efficiency, to which time is inversely proportional: then a few
+    evaluations suffice). NaN when no value in the range reaches the target."""
     target = target_gpu_hours or fact("gpu_hours_per_t_tokens")
     x = x or defaults()
-    f = lambda v: predict(x, **{name: v}).gpu_hours_per_t - target  # noqa: E731
-    f_lo, f_hi = f(lo), f(hi)
-    if f_lo * f_hi > 0:
+    model = model or predict
+    to_u = (lambda v: 1.0 / v) if inverse else (lambda v: v)  # noqa: E731
+    f = lambda u: model(x, **{name: to_u(u)}).gpu_hours_per_t - target  # noqa: E731  (to_u is its own inverse)
+    a, b = to_u(float(lo)), to_u(float(hi))
+    width = abs(b - a)
+    fa, fb = f(a), f(b)
+    if fa * fb > 0:
         return float("nan")
-    while hi - lo > tol * max(1.0, abs(hi)):
-        mid = (lo + hi) / 2
-        if (f(mid) > 0) == (f_lo > 0):
-            lo = mid
+    side = 0
+    for _ in range(100):
+        if fa == fb:
+            break
+        c = b - fb * (b - a) / (fb - fa)
+        fc = f(c)
+        if abs(fc) <= 1e-4 * target:
+            return to_u(c)
+        if fc * fb > 0:
+            b, fb = c, fc
+            if side == -1:
+                fa /= 2
+            side = -1
         else:
-            hi = mid
-    return (lo + hi) / 2
+            a, fa = c, fc
+            if side == 1:
+                fb /= 2
+            side = 1
+        if abs(b - a) <= tol * width:
+            break
+    return to_u(b - fb * (b - a) / (fb - fa) if fa != fb else (a + b) / 2)
 
 
-def tornado(ranges: dict, x: Inputs | None = None) -> list:
+def tornado(ranges: dict, x: Inputs | None = None, model=None) -> list:
     """[(input, low value, high value, prediction at low, at high)] for each input moved alone."""
     x = x or defaults()
+    model = model or predict
     rows = []
     for name, (lo, hi) in ranges.items():
-        rows.append((name, lo, hi, predict(x, **{name: lo}).gpu_hours_per_t, predict(x, **{name: hi}).gpu_hours_per_t))
+        rows.append((name, lo, hi, model(x, **{name: lo}).gpu_hours_per_t, model(x, **{name: hi}).gpu_hours_per_t))
     return rows
