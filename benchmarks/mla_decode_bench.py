@@ -29,24 +29,6 @@ GPU_CONFIGS = [("memory-bound, 16 heads", 128, 4096, 16, 1), ("memory-bound, 16 
 CPU_CONFIGS = [("memory-bound, 16 heads", 4, 200, 16, 1), ("MTP 2, 16 heads", 3, 130, 8, 2)]
 
 
-def make_case(batch, mean_len, heads, s_q, dtype, device, seed=0, page=64, d_lat=512, d_rope=64):
-    """Lengths uniform in [mean/2, 3 mean/2], a shuffled block table, random cache and queries."""
-    import torch
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(max(s_q, mean_len // 2), mean_len * 3 // 2 + 1, (batch,), generator=g)
-    need = [-(-int(n) // page) for n in lens]
-    blocks = sum(need)
-    table = torch.zeros(batch, max(need), dtype=torch.int32)
-    perm = torch.randperm(blocks, generator=g).to(torch.int32)
-    i = 0
-    for b, n in enumerate(need):
-        table[b, :n] = perm[i:i + n]
-        i += n
-    kv = torch.randn(blocks, page, d_lat + d_rope, generator=g).to(device=device, dtype=dtype)
-    q = torch.randn(batch, s_q, heads, d_lat + d_rope, generator=g).to(device=device, dtype=dtype)
-    return q, kv, table.to(device), lens.to(device=device, dtype=torch.int32)
-
-
 def main(argv=None) -> int:
     import torch
     gpu = torch.cuda.is_available() and os.environ.get("WORKBOOK_FORCE_CPU") != "1"
@@ -71,7 +53,8 @@ def main(argv=None) -> int:
     scale = 1 / math.sqrt(192)
     rows, best = [], {}
     for label, batch, mean_len, heads, s_q in (CPU_CONFIGS if quick else GPU_CONFIGS):
-        q, kv, table, lens = make_case(batch, mean_len, heads, s_q, dtype, env.device)
+        q, kv, table, lens = mla_decode.random_paged_case(mla_decode.random_lengths(batch, mean_len, s_q), heads, s_q,
+                                                          dtype=dtype, device=env.device)
         for block_n in args.block_n:
             call = (lambda bn=block_n: mla_decode.mla_decode(q, kv, table, lens, 512, scale, block_n=bn,
                                                              check=False))

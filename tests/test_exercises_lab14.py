@@ -163,9 +163,9 @@ def test_gather_wrong(wrong, match):
 
 
 # ---- 14.4
-def right_intensity(B, P, wb, T, kvb, af, two=2, kv=True, per_seq=False, attn=True, tokens=True):
-    flops = B * (two * P + (T * af * two / 2 if attn else 0))
-    nbytes = P * wb * (B if per_seq else 1) + (B * (T if tokens else 1) * kvb if kv else 0)
+def right_intensity(B, A, W, T, kvb, af, two=2, kv=True, per_seq=False, attn=True, tokens=True):
+    flops = B * (two * A + (T * af * two / 2 if attn else 0))
+    nbytes = W * (B if per_seq else 1) + (B * (T if tokens else 1) * kvb if kv else 0)
     return flops / nbytes
 
 
@@ -180,7 +180,8 @@ def test_intensity_right_and_stub():
     (lambda *a: right_intensity(*a, two=1), r"one FLOP per multiply-add"),
     (lambda *a: right_intensity(*a, attn=False), r"attention's FLOPs"),
     (lambda *a: right_intensity(*a, tokens=False), r"one cached token per sequence"),
-    (lambda B, P, wb, T, kvb, af: right_intensity(1, P, wb, T, kvb, af), r"decode_intensity\(64"),  # ignores batch
+    (lambda B, A, W, T, kvb, af: right_intensity(1, A, W, T, kvb, af), r"decode_intensity\(64"),  # ignores batch
+    (lambda B, A, W, T, kvb, af: right_intensity(B, W, W, T, kvb, af), r"decode_intensity\(1, 3.7e\+10"),  # all weights
 ])
 def test_intensity_wrong(wrong, match):
     with pytest.raises(CheckFailed, match=match):

@@ -76,18 +76,7 @@ def test_decode_costs_show_why_decode_absorbs_and_prefill_decompresses():
 # ---------------------------------------------------------------- the Triton decode kernel
 
 def paged_case(lens, heads=16, s_q=1, d_lat=64, d_rope=16, page=16, seed=0, dtype=torch.float32, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    need = [-(-n // page) for n in lens]
-    blocks = sum(need) + 3
-    kv = torch.randn(blocks, page, d_lat + d_rope, generator=g).to(device, dtype)
-    perm = torch.randperm(blocks, generator=g)
-    table = torch.zeros(len(lens), max(need), dtype=torch.int32)
-    i = 0
-    for b, n in enumerate(need):
-        table[b, :n] = perm[i:i + n].to(torch.int32)
-        i += n
-    q = torch.randn(len(lens), s_q, heads, d_lat + d_rope, generator=g).to(device, dtype)
-    return q, kv, table.to(device), torch.tensor(lens, dtype=torch.int32, device=device)
+    return mla_decode.random_paged_case(lens, heads, s_q, d_lat, d_rope, page, dtype, device, seed)
 
 
 @pytest.mark.parametrize("lens, s_q, heads, splits, block_n", [

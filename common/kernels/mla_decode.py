@@ -64,6 +64,30 @@ def check_paged(q, kv_cache, block_table, seq_lens, head_dim_v: int) -> tuple:
     return B, S_q, H, Dk, page
 
 
+def random_paged_case(lens, heads: int = 16, s_q: int = 1, d_lat: int = 512, d_rope: int = 64, page: int = 64,
+                      dtype=torch.float32, device="cpu", seed: int = 0) -> tuple:
+    """Random decode inputs for sequences of lengths `lens`: (q, kv_cache, block_table, seq_lens), the blocks of all
+    sequences shuffled through the pool (plus 3 unused blocks), never zeros."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-int(n) // page) for n in lens]
+    blocks = sum(need) + 3
+    kv = torch.randn(blocks, page, d_lat + d_rope, generator=g).to(device, dtype)
+    perm = torch.randperm(blocks, generator=g).to(torch.int32)
+    table = torch.zeros(len(need), max(need), dtype=torch.int32)
+    i = 0
+    for b, n in enumerate(need):
+        table[b, :n] = perm[i:i + n]
+        i += n
+    q = torch.randn(len(need), s_q, heads, d_lat + d_rope, generator=g).to(device, dtype)
+    return q, kv, table.to(device), torch.tensor([int(n) for n in lens], dtype=torch.int32, device=device)
+
+
+def random_lengths(batch: int, mean: int, s_q: int = 1, seed: int = 0) -> list:
+    """Lengths uniform in [mean/2, 3 mean/2] (at least s_q), as a benchmark's mixed batch."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(max(s_q, mean // 2), mean * 3 // 2 + 1, (batch,), generator=g).tolist()
+
+
 def gather_sequence(kv_cache, block_table, b: int, length: int):
     """The `length` cached tokens of sequence b, in order: (length, Dk)."""
     page = kv_cache.shape[1]

@@ -259,7 +259,7 @@ class Prediction:
     compute_s: float               # SM time of the step (all micro-batches)
     network_s: float               # all-to-all time of the step
     parts_s: dict                  # seconds per step by part
-    spans: list                    # (start, end, name, resource) of the schedule
+    spans: list                    # (start, end, "mb<m> L<layer> <part>", resource) of the schedule
     memory_gb: dict
 
     @property
@@ -335,7 +335,8 @@ def predict(x: Inputs, cfg=None) -> Prediction:
     x = check(x)
     b = x.tokens_per_gpu / x.micro_batches
     chain, parts = layer_chain(x, b, cfg)
-    spans = overlap.list_schedule([chain] * x.micro_batches)
+    spans = overlap.list_schedule([[(f"mb{m} {name}", res, t) for name, res, t in chain]
+                                   for m in range(x.micro_batches)])
     compute = x.micro_batches * sum(t for _, r, t in chain if r == overlap.COMPUTE)
     network = x.micro_batches * sum(t for _, r, t in chain if r == overlap.COMM)
     parts = {k: v * x.micro_batches for k, v in parts.items()}
