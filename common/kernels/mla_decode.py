@@ -209,6 +209,35 @@ def _build_kernels() -> dict:
     return _kernels
 
 
+def default_warps(block_n: int) -> int:
+    return 8 if block_n >= 64 else 4
+
+
+def compile_for_gpu(arch: int = 90, block_h: int = 16, block_n: int = 64, num_warps: int | None = None,
+                    num_stages: int = 2, head_dim_v: int = 512, rope: int = 64, page: int = 64, dtype: str = "bf16"):
+    """Compile the split kernel ahead of time for compute capability `arch` with no GPU present (Triton's NVIDIA
+    backend; TRITON_INTERPRET unset in this process). Returns Triton's compiled kernel: `.metadata.shared` bytes,
+    and `common.kernels.attention.registers_and_spills` gives registers and spills."""
+    import os
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("compile_for_gpu needs TRITON_INTERPRET unset: run it in a process without the interpreter")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    ptr = f"*{dtype}"
+    signature = {"Q": ptr, "KV": ptr, "BT": "*i32", "SEQ": "*i32", "OP": "*fp32", "LP": "*fp32", "qk_scale": "fp32"}
+    signature.update({n: "i32" for n in ("stride_qb", "stride_qr", "stride_kb", "stride_kt", "stride_btb", "stride_opb",
+                                         "stride_opr", "stride_ops", "stride_lpb", "stride_lpr", "R", "H", "S_Q",
+                                         "PAGES_PER_SPLIT")})
+    constexprs = {"D_LAT": head_dim_v, "D_ROPE": rope, "PAGE": page, "BLOCK_H": block_h, "BLOCK_N": block_n,
+                  "CAUSAL": True, "PRECISION": "ieee" if dtype == "fp32" else "tf32"}
+    signature.update({n: "constexpr" for n in constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}     # torch allocations are 16-byte aligned
+    src = ASTSource(fn=_build_kernels()["split"], signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps or default_warps(block_n), "num_stages": num_stages})
+
+
 def default_splits(batch: int, row_blocks: int, max_pages: int, programs: int = 264) -> int:
     """Splits of the KV length so that batch x row blocks x splits reaches about `programs` (264: 2 per SM of an
     H100; the interpreter, which runs programs one after another, asks for 4), at most one split per page."""
@@ -217,11 +246,13 @@ def default_splits(batch: int, row_blocks: int, max_pages: int, programs: int = 
 
 def mla_decode(q, kv_cache, block_table, seq_lens, head_dim_v: int = 512, scale: float | None = None,
                num_splits: int | None = None, block_h: int = 16, block_n: int | None = None, causal: bool = True,
-               check: bool = True) -> tuple:
+               check: bool = True, num_warps: int | None = None, num_stages: int = 2) -> tuple:
     """Paged MLA decoding with split-KV and combine (see the module docstring). Returns (out, lse).
 
     Dk - head_dim_v (the RoPE part) and head_dim_v must be powers of two of at least 16 (Triton's tiles); block_n
-    divides the page (default: the whole page). `check=False` skips the host-side validation (one device sync)."""
+    divides the page (default: the whole page). `check=False` skips the host-side validation (one device sync).
+    num_warps / num_stages: the split kernel's launch (a 64 x 576 BF16 tile is 72 KB of shared memory a stage; the
+    default, 8 warps for 64-token tiles and 4 for smaller ones, compiles for sm_90 without spills: `compile_for_gpu`)."""
     if check:
         B, S_q, H, Dk, page = check_paged(q, kv_cache, block_table, seq_lens, head_dim_v)
     else:
@@ -231,6 +262,7 @@ def mla_decode(q, kv_cache, block_table, seq_lens, head_dim_v: int = 512, scale:
         if v < 16 or v & (v - 1):
             raise ValueError(f"{name}={v} is not allowed; allowed: a power of two >= 16 (a Triton tile)")
     block_n = block_n or page
+    num_warps = num_warps or default_warps(block_n)
     if block_n < 16 or block_n & (block_n - 1) or page % block_n:
         raise ValueError(f"block_n={block_n} is not allowed; allowed: a power of two >= 16 that divides the page "
                          f"({page})")
@@ -257,7 +289,7 @@ def mla_decode(q, kv_cache, block_table, seq_lens, head_dim_v: int = 512, scale:
         q2, kv_cache, bt, seq, o_part, l_part, scale * LOG2E, q2.stride(0), q2.stride(1), kv_cache.stride(0),
         kv_cache.stride(1), bt.stride(0), o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0),
         l_part.stride(1), R, H, S_q, pages_per_split, D_LAT=head_dim_v, D_ROPE=d_rope, PAGE=page, BLOCK_H=block_h,
-        BLOCK_N=block_n, CAUSAL=causal, PRECISION=precision)
+        BLOCK_N=block_n, CAUSAL=causal, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
     out = torch.empty(B, R, head_dim_v, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, R, device=q.device, dtype=torch.float32)
     k["combine"][(B, row_blocks)](o_part, l_part, out, lse, o_part.stride(0), o_part.stride(1), o_part.stride(2),
