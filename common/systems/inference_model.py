@@ -17,12 +17,10 @@ all-to-all runs while the other computes. Facts: data/deepseek_v3_service.json (
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 from common.core.env import REPO_ROOT
-from common.facts import hardware, models
+from common.facts import hardware, models, sourced
 from common.moe import moe
 from common.parallel import overlap
 from common.systems import kvcache, topology, v3model
@@ -31,25 +29,16 @@ SERVICE_PATH = REPO_ROOT / "data" / "deepseek_v3_service.json"
 SECONDS_PER_DAY = 86400
 
 
-@lru_cache(maxsize=1)
-def _service() -> dict:
-    return json.loads(SERVICE_PATH.read_text())
+_SERVICE = sourced.FactFile(SERVICE_PATH)
 
 
 def fact(name: str):
     """A fact of the service, e.g. fact("decode_tokens_per_s_per_node") -> 14800.0."""
-    facts = _service()["facts"]
-    if name not in facts:
-        raise ValueError(f"{name!r} is not a fact in data/deepseek_v3_service.json; recorded: {', '.join(facts)}")
-    return facts[name]["value"]
+    return _SERVICE.fact(name)
 
 
 def source(name: str) -> str:
-    entry = _service()["facts"].get(name)
-    if entry is None:
-        raise ValueError(f"{name!r} is not a fact in data/deepseek_v3_service.json")
-    src = _service()["sources"][entry["source"]]
-    return f"{src['title']} ({src['url']}, commit {src['commit']}, {src['date']})"
+    return _SERVICE.source(name)
 
 
 def config():
