@@ -59,7 +59,7 @@ def test_mqa_attention_lse_and_errors():
         mla.absorbed(c["q_nope"], c["q_rope"], c["latent"], c["k_rope"], c["w_uk"].transpose(1, 2), c["w_uv"])
     with pytest.raises(ValueError, match=r"queries=4, tokens=3"):
         mla.random_case(mla.MLADims(2, 16, 8, 4, 8), 3, 4)
-    with pytest.raises(ValueError, match=r"heads=0 is not allowed"):
+    with pytest.raises(ValueError, match=r"heads=0 must be an integer >= 1"):
         mla.MLADims(0, 16, 8, 4, 8)
 
 

@@ -135,7 +135,7 @@ def test_truncate_and_double_free_guard():
     a.decref(b)
     with pytest.raises(ValueError, match=r"block 0 is free already: freed twice"):
         a.decref(b)
-    with pytest.raises(ValueError, match=r"num_blocks=0 is not allowed"):
+    with pytest.raises(ValueError, match=r"num_blocks=0 must be an integer >= 1"):
         BlockAllocator(0)
 
 

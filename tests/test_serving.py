@@ -48,7 +48,7 @@ def test_serve_and_step_errors(model):
     reqs = serving.random_requests(2, 128, seed=4)
     with pytest.raises(ValueError, match=r"policy='fifo' is not allowed"):
         serving.serve(model, reqs, 2, "fifo")
-    with pytest.raises(ValueError, match=r"max_batch=0 is not allowed"):
+    with pytest.raises(ValueError, match=r"max_batch=0 must be an integer >= 1"):
         serving.serve(model, reqs, 0)
     with pytest.raises(ValueError, match=r"cannot hold the longest request"):
         serving.serve(model, reqs, 2, num_blocks=1)

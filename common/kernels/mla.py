@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from common.core.validate import whole
+
 
 @dataclass(frozen=True)
 class MLADims:
@@ -36,9 +38,7 @@ class MLADims:
 
     def __post_init__(self):
         for name in ("heads", "kv_lora", "nope", "rope", "v_dim"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}={v!r} is not allowed; allowed: an integer >= 1")
+            whole(name, getattr(self, name))
 
     @classmethod
     def from_config(cls, cfg) -> "MLADims":
@@ -191,8 +191,7 @@ def decode_costs(dims: MLADims, context: int, batch: int = 1, kv_bytes: float = 
     - "MQA over the latent (fused)": one pass, the 512-wide value being the key's first columns (FlashMLA).
     The up-projection weights (W_uk, W_uv) are read once per step for the whole batch."""
     d = dims
-    if context < 1 or batch < 1:
-        raise ValueError(f"context={context}, batch={batch}: both must be >= 1")
+    whole("context", context), whole("batch", batch)
     H, T, B, c = d.heads, context, batch, d.kv_lora
     w_up = H * c * (d.nope + d.v_dim) * weight_bytes               # W_uk and W_uv
     mha_core = 2 * H * T * (d.qk_dim + d.v_dim)                      # QK^T and PV per sequence
@@ -211,8 +210,7 @@ def decode_costs(dims: MLADims, context: int, batch: int = 1, kv_bytes: float = 
 def prefill_core_flops(dims: MLADims, seq: int) -> dict:
     """Causal attention-core FLOPs of a prefill of `seq` tokens, one layer: in MHA mode (decompressed; head dims
     qk_dim / v_dim) and in MQA mode (absorbed; 576 / 512): why prefill decompresses and decode absorbs."""
-    if seq < 1:
-        raise ValueError(f"seq={seq} must be >= 1")
+    whole("seq", seq)
     pairs = seq * (seq + 1) / 2
     d = dims
     return {"MHA mode": 2 * d.heads * pairs * (d.qk_dim + d.v_dim),

@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from common.core.validate import whole
+
 from common.kernels import mla
 
 LN2 = math.log(2.0)
@@ -275,8 +277,7 @@ def mla_decode(q, kv_cache, block_table, seq_lens, head_dim_v: int = 512, scale:
     max_pages = block_table.shape[1]
     row_blocks = -(-R // block_h)
     splits = num_splits or default_splits(B, row_blocks, max_pages, 264 if q.is_cuda else 4)
-    if not isinstance(splits, int) or splits < 1:
-        raise ValueError(f"num_splits={num_splits!r} is not allowed; allowed: an integer >= 1")
+    whole("num_splits", splits)
     pages_per_split = -(-max_pages // splits)
     q2 = q.reshape(B, R, Dk)
     seq = seq_lens.to(device=q.device, dtype=torch.int32)

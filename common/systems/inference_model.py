@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from common.core.env import REPO_ROOT
+from common.core.validate import number, whole
 from common.facts import hardware, models, sourced
 from common.moe import moe
 from common.parallel import overlap
@@ -149,20 +150,16 @@ def check(x: Inputs) -> Inputs:
     if x.phase not in PHASES:
         raise ValueError(f"phase={x.phase!r} is not allowed; allowed: {', '.join(PHASES)}")
     for name in ("tokens_per_gpu", "context", "ep", "routed_per_gpu"):
-        v = getattr(x, name)
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} is not allowed; allowed: an integer >= 1")
+        whole(name, getattr(x, name))
     if x.micro_batches not in (1, 2) or x.tokens_per_gpu % x.micro_batches:
         raise ValueError(f"micro_batches={x.micro_batches!r} is not allowed; allowed: 1 or 2, dividing "
                          f"tokens_per_gpu={x.tokens_per_gpu}")
     if not 0 <= x.hit_rate < 1:
         raise ValueError(f"hit_rate={x.hit_rate!r} is not allowed; allowed: 0 <= hit_rate < 1")
     for name in ("hbm_gbs", "attention_tflops", "gemm_efficiency", "network_gbs", "nvlink_gbs"):
-        if not getattr(x, name) > 0:
-            raise ValueError(f"{name}={getattr(x, name)!r} is not allowed; allowed: a number > 0")
+        number(name, getattr(x, name))
     for name in ("layer_overhead_us", "network_latency_us"):
-        if getattr(x, name) < 0:
-            raise ValueError(f"{name}={getattr(x, name)!r} is not allowed; allowed: a number >= 0")
+        number(name, getattr(x, name), strict=False)
     return x
 
 

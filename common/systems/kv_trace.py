@@ -16,6 +16,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from common.core.validate import number, whole
 from common.systems.paged_kv import CacheFull, PagedKVCache
 
 POLICIES = ("contiguous", "paged")
@@ -33,8 +34,7 @@ def synthetic_trace(n: int = 200, seed: int = 0, prompt_median: int = 300, outpu
                     max_output: int = 1024, max_prompt: int = 4096, arrivals_per_step: float = 0.5) -> list:
     """Mixed lengths: prompts and outputs log-normal (sigma 1.0 and 0.9) around their medians, clipped to
     [8, max_prompt] and [1, max_output]; Poisson arrivals."""
-    if n < 1 or arrivals_per_step <= 0:
-        raise ValueError(f"n={n}, arrivals_per_step={arrivals_per_step}: need n >= 1 and a positive arrival rate")
+    whole("n", n), number("arrivals_per_step", arrivals_per_step)
     rng = random.Random(seed)
     t, out = 0.0, []
     for _ in range(n):

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common.core.validate import whole
+
 
 class CacheFull(RuntimeError):
     """Not enough free blocks for a request; nothing was changed."""
@@ -27,9 +29,7 @@ class BlockAllocator:
     recently freed block first."""
 
     def __init__(self, num_blocks: int):
-        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 1:
-            raise ValueError(f"num_blocks={num_blocks!r} is not allowed; allowed: an integer >= 1")
-        self.num_blocks = num_blocks
+        self.num_blocks = whole("num_blocks", num_blocks)
         self.refcount = [0] * num_blocks
         self._free = list(range(num_blocks - 1, -1, -1))   # a stack: pop() gives 0 first
 
@@ -72,8 +72,7 @@ class PagedKVCache:
     def __init__(self, num_blocks: int, block_size: int = 64, width: int = 576, layers: int = 1,
                  dtype=torch.float32, device="cpu", storage: bool = True):
         for name, v in (("block_size", block_size), ("width", width), ("layers", layers)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}={v!r} is not allowed; allowed: an integer >= 1")
+            whole(name, v)
         self.alloc = BlockAllocator(num_blocks)
         self.num_blocks, self.block_size, self.width, self.layers = num_blocks, block_size, width, layers
         self.storage = torch.zeros(layers, num_blocks, block_size, width, dtype=dtype, device=device) \
@@ -134,8 +133,7 @@ class PagedKVCache:
 
     def reserve(self, seq_id, n: int) -> None:
         """Room for `n` more tokens of `seq_id` (its length grows by n), all or nothing: CacheFull changes nothing."""
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"n={n!r} tokens is not allowed; allowed: an integer >= 1")
+        whole("n", n, meaning="tokens to add")
         s = self._seq(seq_id)
         need = self.blocks_needed(seq_id, n)
         if need > self.alloc.num_free:
@@ -166,7 +164,7 @@ class PagedKVCache:
         """Keep the first `length` tokens (drop rejected speculative tokens, or undo a step); whole blocks past the
         end go back to the pool."""
         s = self._seq(seq_id)
-        if not isinstance(length, int) or not 0 <= length <= s.length:
+        if whole("length", length, minimum=0) > s.length:
             raise ValueError(f"length={length!r} is not allowed; allowed: 0..{s.length} (seq_id={seq_id!r})")
         keep = -(-length // self.block_size)
         for b in s.blocks[keep:]:

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from scipy.optimize import brentq
 
+from common.core.validate import number, whole
 from common.systems import inference_model as im
 
 SECONDS_PER_HOUR = 3600
@@ -21,10 +22,8 @@ SECONDS_PER_HOUR = 3600
 def cost_per_m_tokens(tokens_per_s_per_node: float, usd_per_gpu_hour: float, gpus_per_node: int = 8) -> float:
     """US dollars per million tokens of a node producing `tokens_per_s_per_node`: the node's hourly price over the
     tokens it makes in an hour."""
-    for name, v in (("tokens_per_s_per_node", tokens_per_s_per_node), ("usd_per_gpu_hour", usd_per_gpu_hour),
-                    ("gpus_per_node", gpus_per_node)):
-        if not v > 0:
-            raise ValueError(f"{name}={v!r} is not allowed; allowed: a number > 0")
+    number("tokens_per_s_per_node", tokens_per_s_per_node), number("usd_per_gpu_hour", usd_per_gpu_hour)
+    whole("gpus_per_node", gpus_per_node)
     return usd_per_gpu_hour * gpus_per_node / (tokens_per_s_per_node * SECONDS_PER_HOUR) * 1e6
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from common.core import timing
+from common.core.validate import whole
 from common.kernels import mla, mla_decode
 from common.systems.paged_kv import PagedKVCache
 
@@ -222,8 +223,7 @@ def serve(model: TinyMLA, requests: list, max_batch: int, policy: str = "continu
     requests) admits a request only when its whole sequence fits, so nothing is preempted."""
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r} is not allowed; allowed: {', '.join(POLICIES)}")
-    if not isinstance(max_batch, int) or max_batch < 1:
-        raise ValueError(f"max_batch={max_batch!r} is not allowed; allowed: an integer >= 1")
+    whole("max_batch", max_batch)
     longest = max(r.prompt.shape[0] + r.max_new for r in requests)
     blocks_each = -(-longest // block_size)
     cache = model.new_cache(num_blocks or max_batch * blocks_each, block_size)
