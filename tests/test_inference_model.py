@@ -10,7 +10,7 @@ from common.systems import inference_model as im, service
 
 def test_facts_have_sources():
     assert im.fact("decode_tokens_per_s_per_node") == 14.8e3 and im.fact("flashmla_memory_bound_gbs") == 3000
-    assert "open-infra-index" in im.source("cost_per_day_usd") and "commit" in im.source("deepgemm_normal")
+    assert "open-infra-index" in im.source("cost_per_day_usd") and "commit 9241ae3" in im.source("flashmla_page_block")
     with pytest.raises(ValueError, match=r"'nope' is not a fact"):
         im.fact("nope")
 
@@ -21,8 +21,9 @@ def test_kv_bytes_per_token_is_70272():
 
 @pytest.mark.parametrize("kind", ["normal", "masked", "contiguous"])
 def test_gemm_seconds_reproduce_deepgemm_at_its_points(kind):
-    for r in im.fact({"normal": "deepgemm_normal", "masked": "deepgemm_grouped_masked",
-                      "contiguous": "deepgemm_grouped_contiguous"}[kind]):
+    rows = im.deepgemm_rows(kind)
+    assert len(rows) == {"normal": 18, "masked": 6, "contiguous": 4}[kind]
+    for r in rows:
         m, g = (r["m"], 1) if kind == "normal" else (r["m_per_group"], r["groups"])
         t = im.gemm_seconds(m, r["n"], r["k"], kind, g)
         assert math.isclose(2 * g * m * r["n"] * r["k"] / t / 1e12, r["tflops"], rel_tol=1e-12)

@@ -24,7 +24,7 @@ from common.core.validate import number, whole
 from common.facts import hardware, models, sourced
 from common.moe import moe
 from common.parallel import overlap
-from common.systems import kvcache, topology, v3model
+from common.systems import kernel_rates, kvcache, topology, v3model
 
 SERVICE_PATH = REPO_ROOT / "data" / "deepseek_v3_service.json"
 SECONDS_PER_DAY = 86400
@@ -55,24 +55,33 @@ def kv_bytes_per_token(cfg=None, bytes_per_value: float = 2) -> float:
 
 # ---------------------------------------------------------------- GEMMs at DeepGEMM's measured rates
 
-def _rows(kind: str) -> list:
-    table = {"normal": "deepgemm_normal", "masked": "deepgemm_grouped_masked",
-             "contiguous": "deepgemm_grouped_contiguous"}
-    if kind not in table:
-        raise ValueError(f"kind={kind!r} is not allowed; allowed: {', '.join(table)}")
-    return fact(table[kind])
+GEMM_KINDS = {"normal": ("normal", "columns_normal"), "masked": ("grouped_masked", "columns_grouped_masked"),
+              "contiguous": ("grouped_contiguous", "columns_grouped")}
+
+
+def deepgemm_rows(kind: str) -> list:
+    """DeepGEMM's first-release table of `kind` (data/kernel_rates.json) as dicts: m (or groups, m_per_group), n, k,
+    tflops, gbs."""
+    if kind not in GEMM_KINDS:
+        raise ValueError(f"kind={kind!r} is not allowed; allowed: {', '.join(GEMM_KINDS)}")
+    table, columns = GEMM_KINDS[kind]
+    fp8 = kernel_rates.load_rates()["deepgemm_fp8"]
+    names = [c.lower() for c in fp8[columns]]
+    return [dict(zip(names, row)) for row in fp8[table]]
 
 
 def gemm_seconds(m: float, n: int, k: int, kind: str = "normal", groups: int = 1, gemm_efficiency: float = 1.0,
                  hbm_gbs: float | None = None) -> float:
-    """Seconds of an FP8 GEMM (`groups` groups of m x n x k) at the rate DeepGEMM measured on H800 for that (n, k):
-    the time per group interpolated linearly in m between the measured points; below the smallest measured m the
-    time of that m (the weights' read sets it), above the largest one that rate. A shape DeepGEMM did not measure
-    runs at the roofline of its best rate (1,350 TFLOP/s) and `hbm_gbs`. `gemm_efficiency` scales every rate."""
+    """Seconds of an FP8 GEMM (`groups` groups of m x n x k) at the rate DeepGEMM measured on H800 for that (n, k)
+    (`deepgemm_rows`): the time per group interpolated linearly in m between the measured points -- decode's m (64
+    requests, 256 rows per expert) falls between rows, where lab 13's `kernel_rates` takes the nearest row --; below
+    the smallest measured m the time of that m (the weights' read sets it), above the largest one that rate. A shape
+    DeepGEMM did not measure runs at the roofline of its best rate (1,350 TFLOP/s) and `hbm_gbs`. `gemm_efficiency`
+    scales every rate."""
     if m <= 0:
         return 0.0
     mkey = "m" if kind == "normal" else "m_per_group"
-    pts = sorted((r[mkey], 2 * r[mkey] * n * k / (r["tflops"] * 1e12)) for r in _rows(kind)
+    pts = sorted((r[mkey], 2 * r[mkey] * n * k / (r["tflops"] * 1e12)) for r in deepgemm_rows(kind)
                  if r["n"] == n and r["k"] == k)
     if not pts:
         flops = 2 * groups * m * n * k
