@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared GPU check (`make gpu-check`): labs 00-05 at PROFILE=full, the kernel benchmarks, the sm_90 compile
-# table and the profiler recipe, everything under ${OUT:-build/gpu}. Budget: 8 minutes on an H200 (each step has its
-# own timeout, 480 s in all). Fails loudly: every failing step is named at the end and the exit status is 1.
+# table and the profiler recipe, everything under ${OUT:-build/gpu}. Budget: 8.75 minutes on an H200 (each step has
+# its own timeout, 525 s in all). Fails loudly: every failing step is named at the end and the exit status is 1.
 #   DRY_RUN=1 scripts/gpu_check.sh   # print the steps and check that their files exist; runs nothing (any machine)
 # Never changes the card's settings.
 set -uo pipefail
@@ -42,7 +42,8 @@ if [ "${DRY_RUN:-0}" != 1 ]; then
     "$PY" -m common inventory
   } > "$OUT/inventory.txt" 2>&1
 fi
-for f in benchmarks/attention_bench.py benchmarks/fusion_bench.py scripts/profile_attention.sh; do
+for f in benchmarks/attention_bench.py benchmarks/fusion_bench.py benchmarks/mla_decode_bench.py \
+  scripts/profile_attention.sh; do
   [ -f "$f" ] || { echo "!! missing $f"; failed+=("missing $f"); }
 done
 
@@ -55,6 +56,10 @@ step "fusion benchmark" 40 "$OUT/fusion_bench.txt" "$PY" benchmarks/fusion_bench
 if [ -f benchmarks/lowp_bench.py ]; then
   step "low-precision benchmark" 50 "$OUT/lowp_bench.txt" "$PY" benchmarks/lowp_bench.py --out "$OUT_DIR"
 fi
+# 2b. lab 14's MLA decode kernel: bf16 GPU test, then GB/s and fraction of HBM in FlashMLA's shapes (ledger:
+#     mla.decode_hbm_fraction in $OUT/mla_decode_results.jsonl)
+step "MLA decode benchmark" 45 "$OUT/mla_decode_bench.txt" env WORKBOOK_RESULTS="$OUT/mla_decode_results.jsonl" \
+  bash -c "$PY -m pytest tests/test_mla.py -q -x -p no:cacheprovider -k gpu && $PY benchmarks/mla_decode_bench.py"
 # 3. the profiler recipe (PyTorch profiler + Nsight Compute when ncu exists), summaries under $OUT/profiles
 step "profiler recipe" 60 "$OUT/profile_attention.txt" env ALLOW_NO_NCU=1 OUT="$OUT/profiles" SEQ=4096 bash scripts/profile_attention.sh
 # 4. the GPU tests of the kernels (bf16 forward and backward against SDPA)

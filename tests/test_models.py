@@ -53,6 +53,22 @@ def test_mixtral_by_hand():
     assert c["total"] == total and c["active"] == total - 32 * 6 * expert and c["mtp_total"] == 0
 
 
+def test_llama3_70b_dense_gqa():
+    cfg = load_model_config("llama3_70b")
+    assert (cfg.attention, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == ("gqa", 64, 8, 128)
+    assert cfg.moe_layers == 0 and cfg.dense_layers == 80
+    c = count_params(cfg)
+    h, v, f, L = 8192, 128256, 28672, 80
+    assert c["total"] == 2 * v * h + L * (2 * h * h + 2 * h * 1024 + 3 * h * f + 2 * h) + h
+    assert c["active"] == c["total"] and abs(c["total"] / 70.6e9 - 1) < 0.001
+
+
+def test_experts_zero_only_in_a_dense_model(tmp_path):
+    d = _write(tmp_path, lambda doc: doc["config"].update(n_routed_experts=0, num_experts_per_tok=0))
+    with pytest.raises(ValueError, match=r"'n_routed_experts' is 0, must be > 0 \(0 only in a dense model"):
+        load_model_config("broken", d)
+
+
 def test_dict_config_and_replace():
     cfg = load_model_config("deepseek_v3")
     assert count_params(dict(cfg.values))["total"] == count_params(cfg)["total"]

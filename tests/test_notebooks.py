@@ -13,7 +13,7 @@ NAMES = notebooks.notebook_names()
 EXPECTED = ["00_orientation", "01_measurement", "02_roofline", "03_fusion_and_triton", "04_flash_attention",
             "05_low_precision", "06_moe_routing", "07_collectives", "08_pipeline_dualpipe", "09_nvl72_topology",
             "10_scaling_and_cost", "11_beyond_the_gpu", "12_profiling_loop",
-            "13_deepseek_v3_from_first_principles"]
+            "13_deepseek_v3_from_first_principles", "14_mla_and_inference"]
 
 
 def _solution(name):

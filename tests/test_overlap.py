@@ -76,3 +76,15 @@ def test_cuda_overlap_needs_a_gpu():
         pytest.skip("a GPU is here; the notebook measures it")
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         O.cuda_stream_overlap()
+
+
+def test_list_schedule_runs_whatever_is_ready():
+    C, N = O.COMPUTE, O.COMM
+    chain = [("a", C, 2.0), ("d", N, 1.0), ("e", C, 1.0), ("c", N, 2.0)] * 3
+    spans = O.list_schedule([chain, chain])
+    compute = 2 * 3 * 3.0
+    assert compute - 1e-12 <= O.makespan(spans) < 2 * 3 * 6.0           # overlapped, bounded by the SMs' work
+    for res in (C, N):
+        mine = sorted((s, e) for s, e, _, r in spans if r == res)
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(mine, mine[1:]))
+    assert O.makespan(O.list_schedule([chain])) == pytest.approx(18.0)   # one chain: no overlap at all

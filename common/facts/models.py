@@ -112,11 +112,18 @@ def validate_config(values: dict, where: str = "config") -> None:
     if values["scoring_func"] not in SCORING_FUNCS:
         raise ValueError(f"{where}: key 'scoring_func' is {values['scoring_func']!r}; allowed: "
                          f"{', '.join(SCORING_FUNCS)}")
-    positive = ["vocab_size", "hidden_size", "num_hidden_layers", "n_routed_experts", "num_experts_per_tok",
-                "n_group", "topk_group", "num_attention_heads", "num_key_value_heads", "moe_intermediate_size"]
-    for key in positive:
+    positive = ["vocab_size", "hidden_size", "num_hidden_layers", "n_group", "topk_group", "num_attention_heads",
+                "num_key_value_heads"]
+    moe_keys = ["n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"]
+    dense_model = values["first_k_dense_replace"] == values["num_hidden_layers"]  # no MoE layer: experts may be 0
+    for key in positive + ([] if dense_model else moe_keys):
         if values[key] <= 0:
-            raise ValueError(f"{where}: key {key!r} is {values[key]}, must be > 0")
+            raise ValueError(f"{where}: key {key!r} is {values[key]}, must be > 0"
+                             + ("" if key in positive else " (0 only in a dense model: first_k_dense_replace = "
+                                                           "num_hidden_layers)"))
+    for key in moe_keys if dense_model else []:
+        if values[key] < 0:
+            raise ValueError(f"{where}: key {key!r} is {values[key]}, must be >= 0")
     for key in ("first_k_dense_replace", "n_shared_experts", "num_nextn_predict_layers", "intermediate_size"):
         if values[key] < 0:
             raise ValueError(f"{where}: key {key!r} is {values[key]}, must be >= 0")
@@ -137,7 +144,7 @@ def validate_config(values: dict, where: str = "config") -> None:
 
 
 def load_model_config(name: str, models_dir: Path | str | None = None) -> ModelConfig:
-    """Read and validate data/models/<name>.json ("deepseek_v3", "kimi_k2", "mixtral_8x7b")."""
+    """Read and validate data/models/<name>.json ("deepseek_v3", "kimi_k2", "mixtral_8x7b", "llama3_70b")."""
     folder = Path(models_dir) if models_dir is not None else MODELS_DIR
     path = folder / f"{name}.json"
     if not path.exists():

@@ -91,6 +91,27 @@ def _run_on_two_resources(chains: list, orders: dict) -> list:
             for i in range(len(chains[c]))]
 
 
+def list_schedule(chains: list) -> list:
+    """Greedy list scheduling of chains of parts on two resources: whenever parts could start, the one that can start
+    earliest runs (ties: the one that has waited longest, then the lower chain). For many chains or long ones, where
+    `overlapped_pair`'s search over every order is out of reach. Returns [(start, end, name, resource)]."""
+    nxt, ready = [0] * len(chains), [0.0] * len(chains)
+    free = {COMPUTE: 0.0, COMM: 0.0}
+    spans = []
+    for _ in range(sum(len(c) for c in chains)):
+        best = None
+        for c, chain in enumerate(chains):
+            if nxt[c] < len(chain):
+                key = (max(free[chain[nxt[c]][1]], ready[c]), ready[c], c)
+                best = key if best is None or key < best else best
+        start, _, c = best
+        name, res, d = chains[c][nxt[c]]
+        spans.append((start, start + d, name, res))
+        free[res] = ready[c] = start + d
+        nxt[c] += 1
+    return spans
+
+
 def serial_pair(costs: ChunkCosts) -> list:
     """A forward chunk then a backward chunk, each part waiting for the previous: [(start, end, name, resource)]."""
     t, spans = 0.0, []

@@ -1,0 +1,256 @@
+"""Checkers for lab 14 (MLA and inference): KV bytes per token of a model config, absorbed MLA equal to the
+decompressed form, a token's cache through a block table, the decode arithmetic intensity against batch, and the
+cost per million tokens from throughput and price.
+
+Each checker starts with fixed, asymmetric cases (no two mistakes give the same number), then random cases from a
+fresh seed that a failure prints."""
+from __future__ import annotations
+
+import torch
+
+from common.core.checks import checker, expect, expect_close, fail, near
+from common.exercises.cases import as_number, learner_call, replayable
+from common.facts import models
+from common.kernels import mla, mla_decode
+from common.systems import kvcache, service
+
+NUMBER = "one number (a float)"
+
+
+# ---------------------------------------------------------------- 14.1
+
+def _kv_reference(cfg, b) -> float:
+    L = cfg["num_hidden_layers"]
+    if cfg["attention"] == "mla":
+        return kvcache.mla_bytes_per_token(L, cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], b)
+    return kvcache.kv_bytes_per_token(L, cfg["num_key_value_heads"], cfg["head_dim"], cfg["head_dim"], b)
+
+
+def _kv_configs(rng) -> list:
+    v3, llama = models.load_model_config("deepseek_v3"), models.load_model_config("llama3_70b")
+    kimi, mixtral = models.load_model_config("kimi_k2"), models.load_model_config("mixtral_8x7b")
+    fixed = [(v3, 2, False), (llama, 2, False), (kimi, 1, False), (mixtral, 4, False)]
+    layers = rng.randint(2, 90)
+    rand = [(v3.replace(num_hidden_layers=rng.randint(4, 90), kv_lora_rank=rng.choice([128, 256, 384]),
+                        qk_rope_head_dim=rng.choice([16, 32])), rng.choice([1, 2, 4]), True),
+            (llama.replace(num_hidden_layers=layers, first_k_dense_replace=layers, num_attention_heads=48,
+                           num_key_value_heads=rng.choice([2, 4, 6]), head_dim=rng.choice([64, 96])),
+             rng.choice([1, 2, 4]), True)]
+    return fixed + rand
+
+
+@checker("14.1", "KV bytes per token of a model config")
+@replayable
+def check_kv_bytes_per_token(kv_bytes_per_token, cases):
+    """kv_bytes_per_token(cfg, bytes_per_value) -> bytes one token adds to the KV cache of the whole model: MLA
+    (cfg["attention"] == "mla") caches one latent plus one RoPE key per layer; GQA caches K and V of every KV head."""
+    for cfg, b, is_random in _kv_configs(cases.rng):
+        expected = _kv_reference(cfg, b)
+        L = cfg["num_hidden_layers"]
+        where = f"kv_bytes_per_token({cfg.name} config{' (changed)' if is_random else ''}, {b}){cases.tag(is_random)}"
+        got = as_number(learner_call(kv_bytes_per_token, (cfg, b), where,
+                                     (kvcache.mla_bytes_per_token, kvcache.kv_bytes_per_token)), where, NUMBER)
+        if cfg["attention"] == "mla":
+            nh, qk, vd = cfg["num_attention_heads"], cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+            mistakes = [(L * cfg["kv_lora_rank"] * b, "leaves out the decoupled RoPE key MLA caches beside the latent"),
+                        (L * (2 * cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * b,
+                         "caches the latent twice (as K and as V); MLA recovers both from ONE latent"),
+                        (L * nh * (qk + vd) * b, "is the MHA-equivalent cache (K and V of every head); MLA caches "
+                                                 "the compressed latent instead"),
+                        (expected / L, "is one layer's cache; every layer caches its own latent")]
+        else:
+            kv, hd, nh = cfg["num_key_value_heads"], cfg["head_dim"], cfg["num_attention_heads"]
+            mistakes = [(L * nh * 2 * hd * b, f"caches K and V for all {nh} query heads; grouped-query attention "
+                                              f"caches only the {kv} KV heads"),
+                        (expected / 2, "counts K or V alone; both are cached"),
+                        (expected / L, "is one layer's cache; every layer has its own")]
+        mistakes += [(expected / b, "counts values, not bytes: multiply by bytes_per_value"),
+                     (expected / b * 2, "uses 2 bytes per value whatever bytes_per_value says"),
+                     (expected * 8, "is in bits, not bytes")]
+        for value, why in mistakes:
+            if near(got, value, 1e-12) and not near(got, expected, 1e-12):
+                fail(f"{where} = {got:.10g}: that {why} (expected {expected:.10g})")
+        expect_close(got, expected, where, rtol=1e-12, atol=0.0)
+    return "DeepSeek-V3: 576 values x 2 B x 61 layers = 70,272 B per token; Llama-3-70B (GQA, 8 KV heads): 327,680 B"
+
+
+# ---------------------------------------------------------------- 14.2
+
+def _mla_case(cases, is_random: bool):
+    rng = cases.rng
+    if is_random:
+        nope = rng.choice([8, 12, 24])
+        d = mla.MLADims(rng.randint(2, 6), rng.choice([16, 20, 40]), nope, rng.choice([4, 6, 10]),
+                        rng.choice([8, 14, 20]))
+        return d, mla.random_case(d, rng.randint(5, 40), rng.randint(1, 3), cases.gen)
+    d = mla.MLADims(3, 20, 12, 6, 10)
+    return d, mla.random_case(d, 9, 2, torch.Generator().manual_seed(14))
+
+
+def _scores_variant(c, scale, rope=True, causal=True):
+    q_lat = torch.einsum("qhd,hdc->qhc", c["q_nope"], c["w_uk"])
+    s = torch.einsum("qhc,tc->hqt", q_lat, c["latent"])
+    if rope:
+        s = s + torch.einsum("qhr,tr->hqt", c["q_rope"], c["k_rope"])
+    s = s * scale
+    if causal:
+        s = s.masked_fill(~mla.causal_keep(s.shape[1], s.shape[2]), float("-inf"))
+    o = torch.einsum("hqt,tc->qhc", torch.softmax(s, -1), c["latent"])
+    return torch.einsum("qhc,hcv->qhv", o, c["w_uv"])
+
+
+@checker("14.2", "absorbed MLA equals decompressed MLA")
+@replayable
+def check_absorbed_attention(absorbed_attention, cases):
+    """absorbed_attention(q_nope, q_rope, latent, k_rope, w_uk, w_uv, scale) -> (Q, H, v_dim): MLA with W_uk folded
+    into the query and W_uv applied after the attention, causal (query i at position T - Q + i), equal to the
+    decompressed form within rounding."""
+    for is_random in (False, True, True, True):
+        d, c = _mla_case(cases, is_random)
+        args = tuple(c[k].clone() for k in ("q_nope", "q_rope", "latent", "k_rope", "w_uk", "w_uv"))
+        T, Q = c["latent"].shape[0], c["q_nope"].shape[0]
+        where = (f"absorbed_attention(Q={Q}, H={d.heads}, T={T}, kv_lora={d.kv_lora}, nope={d.nope}, rope={d.rope}, "
+                 f"v_dim={d.v_dim}, scale=1/sqrt({d.qk_dim})){cases.tag(is_random)}")
+        got = learner_call(absorbed_attention, args + (d.scale,), where, (mla.absorbed, mla.mqa, mla.decompressed))
+        expected = mla.decompressed(*[c[k] for k in ("q_nope", "q_rope", "latent", "k_rope", "w_uk", "w_uv")],
+                                    scale=d.scale)
+        if not isinstance(got, torch.Tensor):
+            fail(f"{where} returned {type(got).__name__}; expected a tensor of shape {tuple(expected.shape)}")
+        for a, k in zip(args, ("q_nope", "q_rope", "latent", "k_rope", "w_uk", "w_uv")):
+            expect(torch.equal(a, c[k]), f"{where} changed its input {k}; leave the inputs as they are")
+        if got.shape != expected.shape:
+            fail(f"{where}: shape {tuple(got.shape)}, expected {tuple(expected.shape)} = (Q, H, v_dim): apply W_uv "
+                 f"(H, kv_lora, v_dim) to the attention's latent output, head by head")
+        got = got.double()
+        mistakes = [(_scores_variant(c, d.scale, rope=False), "the RoPE scores q_rope . k_rope are missing"),
+                    (_scores_variant(c, (d.kv_lora + d.rope) ** -0.5), "scales by 1/sqrt(kv_lora + rope); the scale "
+                                                                       "stays the original head's 1/sqrt(nope + rope)"),
+                    (_scores_variant(c, d.kv_lora ** -0.5), "scales by 1/sqrt(kv_lora); the scale stays the original "
+                                                            "head's 1/sqrt(nope + rope)"),
+                    (_scores_variant(c, 1.0), "leaves out the softmax scale")]
+        if Q > 1:
+            mistakes.append((_scores_variant(c, d.scale, causal=False),
+                             "is not causal: query i (at position T - Q + i) must not see later tokens"))
+        for value, why in mistakes:
+            if torch.allclose(got, value, rtol=1e-6, atol=1e-9) and not torch.allclose(value, expected, atol=1e-9):
+                fail(f"{where}: your output {why}")
+        expect_close(got, expected, where, rtol=1e-5, atol=1e-7)
+    return "equal to the decompressed form within rounding on 4 cases (1 fixed, 3 random, causal with 1-3 queries)"
+
+
+# ---------------------------------------------------------------- 14.3
+
+def _paged_case(gen, page, length, spare=3):
+    """A cache whose top 4 blocks no table entry uses (so a misreading stays in bounds and can be named)."""
+    blocks = -(-length // page)
+    kv = torch.randn(blocks + spare + 4, page, 6, generator=gen, dtype=torch.float64)
+    return kv, torch.randperm(blocks + spare, generator=gen).to(torch.int32)
+
+
+@checker("14.3", "a sequence's cache through its block table")
+@replayable
+def check_gather_paged(gather_paged, cases):
+    """gather_paged(kv_cache, table_row, length) -> (length, width): the first `length` tokens of one sequence, in
+    order, when logical block j of the sequence lives in physical block table_row[j] of kv_cache (num_blocks,
+    block_size, width)."""
+    rng = cases.rng
+    fixed = [(16, 40, False), (32, 32, False), (64, 1, False), (16, 17, False), (32, 100, False)]
+    rand = [(p, rng.randint(1, 5 * p), True) for p in (rng.choice([16, 32, 64]) for _ in range(3))]
+    for page, length, is_random in fixed + rand:
+        kv, row = _paged_case(cases.gen, page, length)
+        expected = mla_decode.gather_sequence(kv, row[None], 0, length)
+        where = f"gather_paged(kv_cache [{kv.shape[0]}, {page}, 6], table_row, length={length}){cases.tag(is_random)}"
+        got = learner_call(gather_paged, (kv.clone(), row.clone(), length), where, (mla_decode.gather_sequence,))
+        if not isinstance(got, torch.Tensor):
+            fail(f"{where} returned {type(got).__name__}; expected a tensor of shape {tuple(expected.shape)}")
+        if got.shape[0] == -(-length // page) * page and got.shape[0] != length:
+            fail(f"{where}: {got.shape[0]} rows -- whole blocks; the last block holds only {length % page or page} "
+                 f"of this sequence's tokens: keep the first `length`")
+        if got.shape != expected.shape:
+            fail(f"{where}: shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
+        n = -(-length // page)
+        logical = kv[:n].reshape(-1, kv.shape[2])[:length]
+        if torch.equal(got, logical) and not torch.equal(logical, expected):
+            fail(f"{where}: you read logical blocks 0..{n - 1} of kv_cache; the sequence's block j is physical block "
+                 f"table_row[j]")
+        if page != 64:                     # blocks of 64 assumed, on the flattened cache
+            t = torch.arange(length)
+            wrong = kv.reshape(-1, kv.shape[2])[row.long()[t // 64] * page + t % 64]
+            if torch.equal(got, wrong) and not torch.equal(wrong, expected):
+                fail(f"{where}: you assumed blocks of 64 tokens; this cache's blocks hold {page} (kv_cache.shape[1])")
+        expect_close(got, expected, where, rtol=0, atol=0)
+    return "token t of a sequence lives at kv_cache[table_row[t // block_size], t % block_size]"
+
+
+# ---------------------------------------------------------------- 14.4
+
+def intensity_reference(batch, active_params, weight_bytes, context, kv_bytes_per_token,
+                        attn_flops_per_kv_token) -> float:
+    flops = batch * (2 * active_params + context * attn_flops_per_kv_token)
+    return flops / (weight_bytes + batch * context * kv_bytes_per_token)
+
+
+@checker("14.4", "decode arithmetic intensity against batch")
+@replayable
+def check_decode_intensity(decode_intensity, cases):
+    """decode_intensity(batch, active_params, weight_bytes, context, kv_bytes_per_token, attn_flops_per_kv_token)
+    -> FLOPs per HBM byte of one decode step of `batch` sequences: each new token through its active weights (2
+    FLOPs per weight) and over its `context` cached tokens; the weights (`weight_bytes`, all of them) read once for
+    the whole batch, each sequence's cache read once."""
+    rng = cases.rng
+    v3 = (37e9, 671e9, 4989, 70272, 2 * 128 * 1088 * 61)
+    fixed = [(1,) + v3 + (False,), (64,) + v3 + (False,), (32, 70.6e9, 141.2e9, 2000, 327680, 2 * 64 * 256 * 80, False),
+             (7, 3e9, 4.5e9, 300, 1000, 5000, False)]
+    rand = []
+    for _ in range(4):
+        active = rng.uniform(1e9, 1e11)
+        rand.append((rng.choice([1, 3, 16, 100]), active, active * rng.choice([0.5, 1, 2, 9]), rng.randint(100, 9000),
+                     rng.uniform(1e4, 5e5), rng.uniform(1e4, 1e7), True))
+    for B, A, W, T, kvb, af, is_random in fixed + rand:
+        expected = intensity_reference(B, A, W, T, kvb, af)
+        where = f"decode_intensity({B}, {A:.4g}, {W:.4g}, {T}, {kvb:.6g}, {af:.6g}){cases.tag(is_random)}"
+        got = as_number(learner_call(decode_intensity, (B, A, W, T, kvb, af), where), where, NUMBER)
+        mistakes = [
+            (B * (2 * A + T * af) / W, "leaves the KV cache out of the bytes: each sequence reads its own cache, so "
+                                       "the intensity stops growing with the batch"),
+            (B * (2 * A + T * af) / (B * W + B * T * kvb), "reads the weights once per sequence; the batch shares "
+                                                           "one read of the weights"),
+            (B * (A + T * af / 2) / (W + B * T * kvb), "counts one FLOP per multiply-add; a multiply-add is 2"),
+            (B * 2 * A / (W + B * T * kvb), "leaves out the attention's FLOPs over the cached tokens"),
+            (B * (2 * A + T * af) / (W + B * kvb), "reads one cached token per sequence; the step reads all "
+                                                   "`context` of them"),
+        ]
+        for value, why in mistakes:
+            if near(got, value, 1e-9) and not near(got, expected, 1e-9):
+                fail(f"{where} = {got:.6g}: that {why} (expected {expected:.6g})")
+        expect_close(got, expected, where, rtol=1e-9, atol=0.0)
+    return ("batch x (2 A + T a) / (W + batch x T kv): as the batch grows it levels off at (2 A + T a) / (T kv), "
+            "453 FLOP/B for DeepSeek-V3 at 4,989 tokens")
+
+
+# ---------------------------------------------------------------- 14.5
+
+@checker("14.5", "cost per million tokens from throughput and price")
+@replayable
+def check_cost_per_m_tokens(cost_per_m_tokens, cases):
+    """cost_per_m_tokens(tokens_per_s_per_node, usd_per_gpu_hour, gpus_per_node) -> US dollars per million tokens."""
+    rng = cases.rng
+    fixed = [(14800.0, 2.0, 8, False), (73700.0, 2.0, 8, False), (1000.0, 3.5, 4, False)]
+    rand = [(rng.uniform(100, 1e5), rng.uniform(0.5, 10), rng.choice([1, 2, 4, 8, 72]), True) for _ in range(4)]
+    for tps, usd, g, is_random in fixed + rand:
+        expected = service.cost_per_m_tokens(tps, usd, g)
+        where = f"cost_per_m_tokens({tps:.6g}, {usd:.6g}, {g}){cases.tag(is_random)}"
+        got = as_number(learner_call(cost_per_m_tokens, (tps, usd, g), where, (service.cost_per_m_tokens,)), where,
+                        NUMBER)
+        mistakes = [(expected / g, "prices one GPU; a node has gpus_per_node of them"),
+                    (expected * 3600, "takes the price per GPU-second; it is per GPU-hour (divide by 3600)"),
+                    (expected / 3600, "divides by 3600 twice (or counts tokens per hour twice)"),
+                    (expected / 1000, "is per thousand tokens; the question asks per million"),
+                    (expected / 1e6, "is per token; multiply by a million")]
+        for value, why in mistakes:
+            if near(got, value) and not near(got, expected):
+                fail(f"{where} = {got:.6g}: that {why} (expected {expected:.6g})")
+        expect(got > 0, f"{where} = {got:.6g}: a cost is positive")
+        expect_close(got, expected, where, rtol=1e-9, atol=0.0)
+    return (f"$2/GPU-hour, 8 GPUs: {service.cost_per_m_tokens(14800, 2, 8):.3f} $/M output tokens at the reported "
+            f"14.8K per node")

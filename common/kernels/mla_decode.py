@@ -1,0 +1,314 @@
+"""FlashMLA-style MLA decoding in Triton: absorbed MLA in MQA mode over a paged KV cache, split over the KV length
+and combined (flash-decoding), causal by per-sequence lengths.
+
+Interface (FlashMLA's `flash_mla_with_kvcache`, simplified):
+- q (B, S_q, H, Dk): S_q new tokens per sequence (1, or 2 with MTP speculative decoding), H query heads, Dk =
+  kv_lora + rope = 576 for V3 ([W_uk-absorbed latent query ; RoPE query], `common.kernels.mla.mqa_inputs`);
+- kv_cache (num_blocks, page, Dk): the paged cache, blocks of `page` tokens (64 in FlashMLA), each token's
+  [latent ; RoPE key] -- one key shared by every head; the value is its first head_dim_v (512) values;
+- block_table (B, max_blocks) int: physical block of each sequence's logical block; seq_lens (B,): cached tokens of
+  each sequence, the new ones included. Query s of sequence b sits at position seq_lens[b] - S_q + s and attends
+  keys 0..that position (causal).
+Returns (out (B, S_q, H, head_dim_v), lse (B, S_q, H)) -- the natural-log log-sum-exp of the scaled scores.
+
+The kernel: one program per (sequence, block of BLOCK_H query rows, split). A split walks its run of pages through
+the block table, loads each tile of BLOCK_N tokens once -- its 512 latent values serve as key AND value for all
+BLOCK_H rows -- and keeps an online softmax; it writes a partial output and its log-sum-exp. The combine kernel
+merges the splits of each row (weights exp(lse_s - max)). Splitting the KV length gives a batch of few long
+sequences enough programs to fill the GPU. `paged_reference` is the float64 PyTorch reference; `paged_attention`
+the vectorised PyTorch version the CPU serving loop uses.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from common.core.validate import whole
+
+from common.kernels import mla
+
+LN2 = math.log(2.0)
+LOG2E = 1.0 / LN2
+
+
+def check_paged(q, kv_cache, block_table, seq_lens, head_dim_v: int) -> tuple:
+    """Validate the decode inputs; return (B, S_q, H, Dk, page). Errors name the argument and what is allowed."""
+    if q.dim() != 4:
+        raise ValueError(f"q has shape {tuple(q.shape)}; expected (batch, s_q, heads, head_dim_k)")
+    B, S_q, H, Dk = q.shape
+    if kv_cache.dim() != 3 or kv_cache.shape[2] != Dk:
+        raise ValueError(f"kv_cache has shape {tuple(kv_cache.shape)}; expected (num_blocks, page, {Dk}) to match "
+                         f"q's head_dim_k")
+    if not 0 < head_dim_v <= Dk:
+        raise ValueError(f"head_dim_v={head_dim_v} is not allowed; allowed: 1..{Dk}")
+    if block_table.dim() != 2 or block_table.shape[0] != B or block_table.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"block_table has shape {tuple(block_table.shape)} and dtype {block_table.dtype}; expected "
+                         f"({B}, max_blocks) int32 or int64")
+    if seq_lens.shape != (B,) or seq_lens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"seq_lens has shape {tuple(seq_lens.shape)} and dtype {seq_lens.dtype}; expected ({B},) "
+                         f"int32 or int64")
+    page = kv_cache.shape[1]
+    lens = seq_lens.tolist()
+    for b, n in enumerate(lens):
+        if n < S_q:
+            raise ValueError(f"seq_lens[{b}]={n} is shorter than s_q={S_q}: each new token must be in the cache")
+        need = -(-n // page)
+        if need > block_table.shape[1]:
+            raise ValueError(f"seq_lens[{b}]={n} needs {need} blocks of {page}; block_table has "
+                             f"{block_table.shape[1]} per sequence")
+        used = block_table[b, :need]
+        bad = (used < 0) | (used >= kv_cache.shape[0])
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise ValueError(f"block_table[{b}, {i}]={int(used[i])} is not a block of kv_cache (0.."
+                             f"{kv_cache.shape[0] - 1})")
+    return B, S_q, H, Dk, page
+
+
+def random_paged_case(lens, heads: int = 16, s_q: int = 1, d_lat: int = 512, d_rope: int = 64, page: int = 64,
+                      dtype=torch.float32, device="cpu", seed: int = 0) -> tuple:
+    """Random decode inputs for sequences of lengths `lens`: (q, kv_cache, block_table, seq_lens), the blocks of all
+    sequences shuffled through the pool (plus 3 unused blocks), never zeros."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-int(n) // page) for n in lens]
+    blocks = sum(need) + 3
+    kv = torch.randn(blocks, page, d_lat + d_rope, generator=g).to(device, dtype)
+    perm = torch.randperm(blocks, generator=g).to(torch.int32)
+    table = torch.zeros(len(need), max(need), dtype=torch.int32)
+    i = 0
+    for b, n in enumerate(need):
+        table[b, :n] = perm[i:i + n]
+        i += n
+    q = torch.randn(len(need), s_q, heads, d_lat + d_rope, generator=g).to(device, dtype)
+    return q, kv, table.to(device), torch.tensor([int(n) for n in lens], dtype=torch.int32, device=device)
+
+
+def random_lengths(batch: int, mean: int, s_q: int = 1, seed: int = 0) -> list:
+    """Lengths uniform in [mean/2, 3 mean/2] (at least s_q), as a benchmark's mixed batch."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(max(s_q, mean // 2), mean * 3 // 2 + 1, (batch,), generator=g).tolist()
+
+
+def gather_sequence(kv_cache, block_table, b: int, length: int):
+    """The `length` cached tokens of sequence b, in order: (length, Dk)."""
+    page = kv_cache.shape[1]
+    blocks = block_table[b, :-(-length // page)].long()
+    return kv_cache[blocks].reshape(-1, kv_cache.shape[2])[:length]
+
+
+def paged_reference(q, kv_cache, block_table, seq_lens, head_dim_v: int = 512, scale: float | None = None,
+                    causal: bool = True) -> tuple:
+    """Float64 reference, one sequence at a time through `common.kernels.mla.mqa_attention`."""
+    B, S_q, H, Dk, _ = check_paged(q, kv_cache, block_table, seq_lens, head_dim_v)
+    scale = scale if scale is not None else 1.0 / math.sqrt(Dk)
+    outs, lses = [], []
+    for b, n in enumerate(seq_lens.tolist()):
+        kv = gather_sequence(kv_cache, block_table, b, n).double()
+        o, lse = mla.mqa_attention(q[b].double(), kv, head_dim_v, scale, causal)
+        outs.append(o)
+        lses.append(lse)
+    return torch.stack(outs), torch.stack(lses)
+
+
+def paged_attention(q, kv_cache, block_table, seq_lens, head_dim_v: int, scale: float, causal: bool = True):
+    """The same in PyTorch, all sequences at once (gathered and padded to the longest), in q's dtype: out only."""
+    B, S_q, H, Dk = q.shape
+    page = kv_cache.shape[1]
+    max_len = int(seq_lens.max())
+    blocks = block_table[:, :-(-max_len // page)].long()
+    kv = kv_cache[blocks].reshape(B, -1, Dk)                               # (B, T, Dk), padded
+    scores = torch.einsum("bshd,btd->bsht", q, kv) * scale
+    t = torch.arange(kv.shape[1], device=q.device)
+    lens = seq_lens.to(q.device).long()[:, None, None, None]
+    limit = lens - S_q + 1 + torch.arange(S_q, device=q.device)[None, :, None, None] if causal else lens
+    scores = scores.masked_fill(t[None, None, None, :] >= limit, float("-inf"))
+    return torch.einsum("bsht,btv->bshv", torch.softmax(scores, dim=-1), kv[..., :head_dim_v])
+
+
+_kernels: dict = {}
+
+
+def _build_kernels() -> dict:
+    """Define the Triton kernels on first use (triton is imported then, after `setup` chose its mode)."""
+    if _kernels:
+        return _kernels
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def mla_split_kernel(Q, KV, BT, SEQ, OP, LP, qk_scale, stride_qb, stride_qr, stride_kb, stride_kt, stride_btb,
+                         stride_opb, stride_opr, stride_ops, stride_lpb, stride_lpr, R, H, S_Q, PAGES_PER_SPLIT,
+                         D_LAT: tl.constexpr, D_ROPE: tl.constexpr, PAGE: tl.constexpr, BLOCK_H: tl.constexpr,
+                         BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+        b = tl.program_id(0)
+        sp = tl.program_id(2)
+        seq_len = tl.load(SEQ + b)
+        rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        row_ok = rows < R
+        d_lat = tl.arange(0, D_LAT)
+        d_rope = tl.arange(0, D_ROPE)
+        q_ptr = Q + b.to(tl.int64) * stride_qb + rows[:, None] * stride_qr
+        q_lat = tl.load(q_ptr + d_lat[None, :], mask=row_ok[:, None], other=0.0)
+        q_rope = tl.load(q_ptr + D_LAT + d_rope[None, :], mask=row_ok[:, None], other=0.0)
+        if CAUSAL:  # row r is query s = r // H, at position seq_len - S_Q + s
+            limit = seq_len - S_Q + rows // H + 1
+        else:
+            limit = seq_len + rows * 0
+        start = sp * PAGES_PER_SPLIT * PAGE
+        end = tl.minimum(start + PAGES_PER_SPLIT * PAGE, seq_len)
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, D_LAT], dtype=tl.float32)
+        for t0 in range(start, end, BLOCK_N):
+            cols = t0 + tl.arange(0, BLOCK_N)
+            col_ok = cols < end
+            block = tl.load(BT + b.to(tl.int64) * stride_btb + t0 // PAGE).to(tl.int64)
+            kv_ptr = KV + block * stride_kb + ((t0 % PAGE) + tl.arange(0, BLOCK_N))[:, None] * stride_kt
+            k_lat = tl.load(kv_ptr + d_lat[None, :], mask=col_ok[:, None], other=0.0)   # key and value
+            k_rope = tl.load(kv_ptr + D_LAT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
+            s = tl.dot(q_lat, tl.trans(k_lat), input_precision=PRECISION)
+            s += tl.dot(q_rope, tl.trans(k_rope), input_precision=PRECISION)
+            keep = col_ok[None, :] & (cols[None, :] < limit[:, None])
+            s = tl.where(keep, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with no key yet: no NaN from -inf - -inf
+            p = tl.math.exp2(s - m_safe[:, None])
+            alpha = tl.math.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(k_lat.dtype), k_lat, input_precision=PRECISION)
+            m_i = m_new
+        has = l_i > 0
+        l_safe = tl.where(has, l_i, 1.0)
+        lse = tl.where(has, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+        op = OP + b.to(tl.int64) * stride_opb + rows[:, None] * stride_opr + sp * stride_ops + d_lat[None, :]
+        tl.store(op, acc / l_safe[:, None], mask=row_ok[:, None])
+        tl.store(LP + b.to(tl.int64) * stride_lpb + rows * stride_lpr + sp, lse, mask=row_ok)
+
+    @triton.jit
+    def mla_combine_kernel(OP, LP, O, L, stride_opb, stride_opr, stride_ops, stride_lpb, stride_lpr, stride_ob,
+                           stride_or, stride_lb, R, NUM_SPLITS, D_V: tl.constexpr, BLOCK_R: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+        ok = rows < R
+        d = tl.arange(0, D_V)
+        lp = LP + b * stride_lpb + rows * stride_lpr
+        op = OP + b * stride_opb + rows[:, None] * stride_opr + d[None, :]
+        m = tl.load(lp, mask=ok, other=0.0)
+        for s in range(1, NUM_SPLITS):
+            m = tl.maximum(m, tl.load(lp + s, mask=ok, other=0.0))
+        total = tl.exp(tl.load(lp, mask=ok, other=0.0) - m)   # an empty split has lse -inf: weight exp(-inf) = 0
+        acc = total[:, None] * tl.load(op, mask=ok[:, None], other=0.0)
+        for s in range(1, NUM_SPLITS):
+            w = tl.exp(tl.load(lp + s, mask=ok, other=0.0) - m)
+            total += w
+            acc += w[:, None] * tl.load(op + s * stride_ops, mask=ok[:, None], other=0.0)
+        tl.store(O + b * stride_ob + rows[:, None] * stride_or + d[None, :], (acc / total[:, None]).to(
+            O.dtype.element_ty), mask=ok[:, None])
+        tl.store(L + b * stride_lb + rows, m + tl.log(total), mask=ok)
+
+    _kernels.update(split=mla_split_kernel, combine=mla_combine_kernel)
+    return _kernels
+
+
+def default_warps(block_n: int) -> int:
+    return 8 if block_n >= 64 else 4
+
+
+def compile_for_gpu(arch: int = 90, block_h: int = 16, block_n: int = 64, num_warps: int | None = None,
+                    num_stages: int = 2, head_dim_v: int = 512, rope: int = 64, page: int = 64, dtype: str = "bf16"):
+    """Compile the split kernel ahead of time for compute capability `arch` with no GPU present (Triton's NVIDIA
+    backend; TRITON_INTERPRET unset in this process). Returns Triton's compiled kernel: `.metadata.shared` bytes,
+    and `common.kernels.attention.registers_and_spills` gives registers and spills."""
+    import os
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("compile_for_gpu needs TRITON_INTERPRET unset: run it in a process without the interpreter")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    ptr = f"*{dtype}"
+    signature = {"Q": ptr, "KV": ptr, "BT": "*i32", "SEQ": "*i32", "OP": "*fp32", "LP": "*fp32", "qk_scale": "fp32"}
+    signature.update({n: "i32" for n in ("stride_qb", "stride_qr", "stride_kb", "stride_kt", "stride_btb", "stride_opb",
+                                         "stride_opr", "stride_ops", "stride_lpb", "stride_lpr", "R", "H", "S_Q",
+                                         "PAGES_PER_SPLIT")})
+    constexprs = {"D_LAT": head_dim_v, "D_ROPE": rope, "PAGE": page, "BLOCK_H": block_h, "BLOCK_N": block_n,
+                  "CAUSAL": True, "PRECISION": "ieee" if dtype == "fp32" else "tf32"}
+    signature.update({n: "constexpr" for n in constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}     # torch allocations are 16-byte aligned
+    src = ASTSource(fn=_build_kernels()["split"], signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps or default_warps(block_n), "num_stages": num_stages})
+
+
+def default_splits(batch: int, row_blocks: int, max_pages: int, programs: int = 264) -> int:
+    """Splits of the KV length so that batch x row blocks x splits reaches about `programs` (264: 2 per SM of an
+    H100; the interpreter, which runs programs one after another, asks for 4), at most one split per page."""
+    return max(1, min(max_pages, -(-programs // (batch * row_blocks))))
+
+
+def mla_decode(q, kv_cache, block_table, seq_lens, head_dim_v: int = 512, scale: float | None = None,
+               num_splits: int | None = None, block_h: int = 16, block_n: int | None = None, causal: bool = True,
+               check: bool = True, num_warps: int | None = None, num_stages: int = 2) -> tuple:
+    """Paged MLA decoding with split-KV and combine (see the module docstring). Returns (out, lse).
+
+    Dk - head_dim_v (the RoPE part) and head_dim_v must be powers of two of at least 16 (Triton's tiles); block_n
+    divides the page (default: the whole page). `check=False` skips the host-side validation (one device sync).
+    num_warps / num_stages: the split kernel's launch (a 64 x 576 BF16 tile is 72 KB of shared memory a stage; the
+    default, 8 warps for 64-token tiles and 4 for smaller ones, compiles for sm_90 without spills: `compile_for_gpu`)."""
+    if check:
+        B, S_q, H, Dk, page = check_paged(q, kv_cache, block_table, seq_lens, head_dim_v)
+    else:
+        (B, S_q, H, Dk), page = q.shape, kv_cache.shape[1]
+    d_rope = Dk - head_dim_v
+    for name, v in (("head_dim_v", head_dim_v), ("head_dim_k - head_dim_v", d_rope), ("block_h", block_h)):
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"{name}={v} is not allowed; allowed: a power of two >= 16 (a Triton tile)")
+    block_n = block_n or page
+    num_warps = num_warps or default_warps(block_n)
+    if block_n < 16 or block_n & (block_n - 1) or page % block_n:
+        raise ValueError(f"block_n={block_n} is not allowed; allowed: a power of two >= 16 that divides the page "
+                         f"({page})")
+    if q.dtype != kv_cache.dtype:
+        raise ValueError(f"q is {q.dtype} and kv_cache {kv_cache.dtype}; they must match")
+    if not q.is_contiguous() or kv_cache.stride(2) != 1:
+        raise ValueError("q must be contiguous and kv_cache contiguous in its last dimension")
+    scale = scale if scale is not None else 1.0 / math.sqrt(Dk)
+    R = S_q * H
+    max_pages = block_table.shape[1]
+    row_blocks = -(-R // block_h)
+    splits = num_splits or default_splits(B, row_blocks, max_pages, 264 if q.is_cuda else 4)
+    whole("num_splits", splits)
+    pages_per_split = -(-max_pages // splits)
+    q2 = q.reshape(B, R, Dk)
+    seq = seq_lens.to(device=q.device, dtype=torch.int32)
+    bt = block_table.to(device=q.device, dtype=torch.int32)
+    o_part = torch.empty(B, R, splits, head_dim_v, device=q.device, dtype=torch.float32)
+    l_part = torch.empty(B, R, splits, device=q.device, dtype=torch.float32)
+    k = _build_kernels()
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    k["split"][(B, row_blocks, splits)](
+        q2, kv_cache, bt, seq, o_part, l_part, scale * LOG2E, q2.stride(0), q2.stride(1), kv_cache.stride(0),
+        kv_cache.stride(1), bt.stride(0), o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0),
+        l_part.stride(1), R, H, S_q, pages_per_split, D_LAT=head_dim_v, D_ROPE=d_rope, PAGE=page, BLOCK_H=block_h,
+        BLOCK_N=block_n, CAUSAL=causal, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
+    out = torch.empty(B, R, head_dim_v, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, R, device=q.device, dtype=torch.float32)
+    k["combine"][(B, row_blocks)](o_part, l_part, out, lse, o_part.stride(0), o_part.stride(1), o_part.stride(2),
+                                  l_part.stride(0), l_part.stride(1), out.stride(0), out.stride(1), lse.stride(0),
+                                  R, splits, D_V=head_dim_v, BLOCK_R=block_h)
+    return out.reshape(B, S_q, H, head_dim_v), lse.reshape(B, S_q, H)
+
+
+def bytes_moved(seq_lens, heads: int, s_q: int, head_dim_k: int, head_dim_v: int, elem_bytes: int,
+                block_h: int = 16) -> int:
+    """HBM bytes one decode call must move: every cached token once per block of query rows (once when all rows fit
+    one block, as in FlashMLA), the queries and the outputs."""
+    lens = [int(n) for n in seq_lens]
+    row_blocks = -(-(s_q * heads) // block_h)
+    kv = sum(lens) * head_dim_k * elem_bytes * row_blocks
+    return kv + len(lens) * s_q * heads * (head_dim_k + head_dim_v) * elem_bytes
+
+
+def flops(seq_lens, heads: int, s_q: int, head_dim_k: int, head_dim_v: int) -> int:
+    """2 x rows x keys x (Dk + Dv) per sequence (causal masking of the last s_q - 1 keys ignored, as FlashMLA does)."""
+    return sum(2 * s_q * heads * int(n) * (head_dim_k + head_dim_v) for n in seq_lens)
