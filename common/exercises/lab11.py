@@ -134,6 +134,13 @@ def check_shared_utilisation(fn):
     return "time slicing keeps one job's demand; MIG caps each job at its slice; MPS adds demands up to 1"
 
 
+def _number(fn, name: str, args: tuple, reference, what: str) -> float:
+    """The learner's fn(*args) as one number; a crash, a call to `reference` or another type is a verdict that
+    writes the call out."""
+    text = f"{name}({', '.join(map(str, args))})"
+    return as_number(learner_call(fn, args, text, (reference,)), text, what)
+
+
 @checker("11.5", "checkpoint seconds from size, ranks and bandwidth")
 def check_checkpoint_seconds(fn):
     """fn(checkpoint_gb, ranks, nic_gbps, storage_gbs) -> seconds to write the checkpoint: each rank writes its share
@@ -145,12 +152,11 @@ def check_checkpoint_seconds(fn):
                   (1000.0, 16, 200.0, 500.0), (250.0, 8, 25.0, 900.0)] + [
             (round(rng.uniform(1, 10_000), 1), rng.choice([1, 2, 8, 64, 512]), rng.choice([25.0, 100.0, 200.0, 400.0]),
              round(rng.uniform(1, 8000), 1)) for _ in range(6)]
-        for size, ranks, nic, store in cases_:
-            expected = storage_scale.checkpoint_seconds(size, ranks, nic, store)
+        for args in cases_:
+            size, ranks, nic, store = args
+            expected = storage_scale.checkpoint_seconds(*args)
+            got = _number(fn, "checkpoint_seconds", args, storage_scale.checkpoint_seconds, "seconds, a number")
             where = f"checkpoint_gb={size}, ranks={ranks}, nic_gbps={nic}, storage_gbs={store}"
-            call = f"checkpoint_seconds({size}, {ranks}, {nic}, {store})"
-            got = as_number(learner_call(fn, (size, ranks, nic, store), call, (storage_scale.checkpoint_seconds,)),
-                            call, "seconds, a number")
             nic_s, store_s = size / ranks / (nic / 8), size / store
             mistakes = [
                 (max(size / ranks / nic, store_s), "NIC rates are in gigaBITS per second: divide by 8 for bytes"),
