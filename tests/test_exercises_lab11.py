@@ -159,9 +159,9 @@ def test_checkpoint_seconds():
 
 
 def test_checkpoint_seconds_reference_and_bad_returns_caught():
-    from common.systems import storage_scale
-    with pytest.raises(CheckFailed, match="called common.systems.storage_scale.checkpoint_seconds"):
-        lab11.check_checkpoint_seconds(lambda *a: storage_scale.checkpoint_seconds(*a))
+    from common.systems import storage
+    with pytest.raises(CheckFailed, match="called common.systems.storage.scale.checkpoint_seconds"):
+        lab11.check_checkpoint_seconds(lambda *a: storage.checkpoint_seconds(*a))
     with pytest.raises(CheckFailed, match="returned None"):
         lab11.check_checkpoint_seconds(lambda *a: None)
     with pytest.raises(CheckFailed, match=r"checkpoint_seconds\(6826.4, 256, 200.0, 7256.8\): your code raised "

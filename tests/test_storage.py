@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from common.facts import models
-from common.systems import checkpoint_io, kvcache, storage, storage_reads, storage_scale, v3model
+from common.systems import kvcache, storage, v3model
+from common.systems.storage import files as _files  # noqa: F401  (storage.files for monkeypatching)
 from common.systems.storage import KIB, MIB, StorageError
 
 
@@ -97,7 +98,7 @@ def test_full_disk_before_writing_is_a_clear_error(tmp_path, monkeypatch):
 
     class Usage:
         free = 100 * MIB
-    monkeypatch.setattr(storage.shutil, "disk_usage", lambda p: Usage)
+    monkeypatch.setattr(storage.files.shutil, "disk_usage", lambda p: Usage)
     with pytest.raises(StorageError, match=f"not enough free space in '{root}': 100 MiB free"):
         with storage.scratch_dir(64 * MIB, root=root):
             pass
@@ -116,11 +117,11 @@ def test_full_disk_while_writing_is_a_clear_error_and_leaves_nothing(tmp_path, m
         return real_write(fd, data)
     with pytest.raises(StorageError, match="disk full while writing .*big.bin"):
         with storage.scratch_dir(64 * MIB, root=root) as s:
-            monkeypatch.setattr(storage.os, "write", write)
+            monkeypatch.setattr(storage.files.os, "write", write)
             try:
                 storage.write_file(s / "big.bin", 40 * MIB, chunk=MIB)
             finally:
-                monkeypatch.setattr(storage.os, "write", real_write)
+                monkeypatch.setattr(storage.files.os, "write", real_write)
     assert not root.exists()
 
 
@@ -129,7 +130,7 @@ def test_dev_full_gives_disk_full_errors():
     with pytest.raises(StorageError, match="disk full while writing '/dev/full'"):
         storage.write_file("/dev/full", MIB)
     with pytest.raises(StorageError, match="disk full while writing '/dev/full'"):
-        checkpoint_io.save_with_fsync(checkpoint_io.recipe_state(4096), "/dev/full")
+        storage.save_with_fsync(storage.recipe_state(4096), "/dev/full")
 
 
 # ---------------------------------------------------------------- the page cache and reads
@@ -152,9 +153,9 @@ def test_eviction_empties_the_page_cache(scratch):
         pytest.skip(f"no cold read possible on {storage.file_system(path)}")
     if method == "fadvise":
         assert storage.page_cache_fraction(path) <= 0.05
-        storage_reads.read_sequential(path, MIB)  # a warm read brings it back
+        storage.read_sequential(path, MIB)  # a warm read brings it back
         assert storage.page_cache_fraction(path) > 0.9
-        r = storage_reads.read_sequential(path, MIB, cold=True)
+        r = storage.read_sequential(path, MIB, cold=True)
         assert r.resident_before <= 0.05 and r.method == "fadvise"
 
 
@@ -162,7 +163,7 @@ def test_eviction_empties_the_page_cache(scratch):
 def test_sequential_reads_every_byte(scratch, threads, block):
     path = scratch / "f"
     storage.write_file(path, 5 * MIB + 12345)
-    r = storage_reads.read_sequential(path, block, threads=threads)
+    r = storage.read_sequential(path, block, threads=threads)
     assert r.nbytes == 5 * MIB + 12345 and r.threads == threads and r.gbps > 0 and r.method == "page cache"
 
 
@@ -171,26 +172,26 @@ def test_o_direct_reads_when_the_file_system_allows(scratch):
     storage.write_file(path, 4 * MIB)
     if not storage.o_direct_works(path):
         pytest.skip("O_DIRECT not supported here")
-    r = storage_reads.read_sequential(path, 64 * KIB, threads=2, cold=True, method="o_direct")
+    r = storage.read_sequential(path, 64 * KIB, threads=2, cold=True, method="o_direct")
     assert r.nbytes == 4 * MIB and r.method == "o_direct"
     with pytest.raises(ValueError, match="multiples of 4096"):
-        storage_reads.read_sequential(path, 6000, cold=True, method="o_direct")
+        storage.read_sequential(path, 6000, cold=True, method="o_direct")
 
 
 def test_random_reads_distinct_blocks_and_percentiles(scratch):
     path = scratch / "f"
     storage.write_file(path, 4 * MIB)
-    r = storage_reads.random_reads(path, 300, threads=2, cold=False, seed=1)
+    r = storage.random_reads(path, 300, threads=2, cold=False, seed=1)
     assert r.reads == len(r.latencies_us) == 300 and r.iops > 0
     assert 0 < r.percentile(50) <= r.percentile(99) <= max(r.latencies_us)
     with pytest.raises(ValueError, match="reads="):
-        storage_reads.random_reads(path, 4 * MIB // (4 * KIB) + 1)
+        storage.random_reads(path, 4 * MIB // (4 * KIB) + 1)
 
 
 def test_read_sweep_rows(scratch):
     path = scratch / "f"
     storage.write_file(path, 2 * MIB)
-    rows = storage_reads.read_sweep(path, [4 * KIB, MIB], [1, 2], repeats=2, method=None)
+    rows = storage.read_sweep(path, [4 * KIB, MIB], [1, 2], repeats=2, method=None)
     assert [(r["sweep"], r["block_size"], r["threads"]) for r in rows] == [
         ("block", 4 * KIB, 1), ("block", MIB, 1), ("threads", MIB, 1), ("threads", MIB, 2)]
     assert all(r["read"] == "page cache" and r["gbps_min"] <= r["gbps"] <= r["gbps_max"] for r in rows)
@@ -203,12 +204,12 @@ def test_read_arguments_validated(scratch, kw, match):
     storage.write_file(path, MIB)
     args = {"block_size": MIB, **kw}
     with pytest.raises(ValueError, match=match):
-        storage_reads.read_sequential(path, **args)
+        storage.read_sequential(path, **args)
 
 
 def test_missing_file_is_named(scratch):
     with pytest.raises(StorageError, match="no file to read at .*nope"):
-        storage_reads.read_sequential(scratch / "nope", MIB)
+        storage.read_sequential(scratch / "nope", MIB)
 
 
 def test_file_system_is_named(tmp_path):
@@ -218,42 +219,42 @@ def test_file_system_is_named(tmp_path):
 # ---------------------------------------------------------------- checkpoints
 
 def test_recipe_state_is_deepseeks_10_bytes_per_parameter():
-    state = checkpoint_io.recipe_state(1024 * 40, seed=1)
-    assert checkpoint_io.BYTES_PER_PARAM == 10
-    assert checkpoint_io.state_bytes(state) == 10 * 1024 * 40
+    state = storage.recipe_state(1024 * 40, seed=1)
+    assert storage.BYTES_PER_PARAM == 10
+    assert storage.state_bytes(state) == 10 * 1024 * 40
     assert {t.dtype for k, t in state.items() if k.endswith(".master")} == {torch.float32}
     assert {t.dtype for k, t in state.items() if not k.endswith(".master")} == {torch.bfloat16}
     assert all((state[k] > 0).all() for k in state if k.endswith("exp_avg_sq"))
     with pytest.raises(ValueError, match="params=10"):
-        checkpoint_io.recipe_state(10)
+        storage.recipe_state(10)
 
 
 def test_bitwise_mismatches_sees_one_flipped_bit_a_dtype_and_a_missing_key():
-    state = checkpoint_io.recipe_state(4096, seed=2)
+    state = storage.recipe_state(4096, seed=2)
     same = {k: v.clone() for k, v in state.items()}
-    assert checkpoint_io.bitwise_mismatches(same, state) == []
+    assert storage.bitwise_mismatches(same, state) == []
     key = "layer0.weight"
     flipped = dict(same)
     flipped[key] = same[key].clone()
     flipped[key].view(torch.int16).view(-1)[7] ^= 1  # the lowest mantissa bit of one BF16 value
-    assert checkpoint_io.bitwise_mismatches(flipped, state) == [key]
-    assert checkpoint_io.bitwise_mismatches({**same, key: same[key].float()}, state) == [key]
-    assert checkpoint_io.bitwise_mismatches({k: v for k, v in same.items() if k != key}, state) == [key]
+    assert storage.bitwise_mismatches(flipped, state) == [key]
+    assert storage.bitwise_mismatches({**same, key: same[key].float()}, state) == [key]
+    assert storage.bitwise_mismatches({k: v for k, v in same.items() if k != key}, state) == [key]
 
 
 def test_torch_save_round_trip(scratch):
-    out = checkpoint_io.measure_torch_save(scratch, 1024 * 100, repeats=2)
+    out = storage.measure_torch_save(scratch, 1024 * 100, repeats=2)
     assert out["mismatches"] == [] and len(out["gbps"]) == 2
     assert out["file_bytes"] >= out["state_bytes"] == 10 * 1024 * 100
     assert all(r["fsync_s"] >= 0 and r["save_s"] > 0 for r in out["rounds"])
 
 
 def test_hidden_fraction():
-    assert checkpoint_io.hidden_fraction(1.0, 10.0, 10.25) == pytest.approx(0.75)
-    assert checkpoint_io.hidden_fraction(1.0, 10.0, 12.0) == 0.0  # slower than not overlapping at all
-    assert checkpoint_io.hidden_fraction(1.0, 10.0, 9.9) == 1.0  # noise: clipped
+    assert storage.hidden_fraction(1.0, 10.0, 10.25) == pytest.approx(0.75)
+    assert storage.hidden_fraction(1.0, 10.0, 12.0) == 0.0  # slower than not overlapping at all
+    assert storage.hidden_fraction(1.0, 10.0, 9.9) == 1.0  # noise: clipped
     with pytest.raises(ValueError, match="t_save=0"):
-        checkpoint_io.hidden_fraction(0, 1, 1)
+        storage.hidden_fraction(0, 1, 1)
 
 
 def test_async_checkpoint_arguments_checked_before_any_rank_starts(scratch):
@@ -261,12 +262,12 @@ def test_async_checkpoint_arguments_checked_before_any_rank_starts(scratch):
                       ({"device_ms": -1}, "device_ms=-1")]:
         args = {"params_per_rank": 4096, **kw}
         with pytest.raises(ValueError, match=match):
-            checkpoint_io.measure_async_checkpoint(scratch, **args)
+            storage.measure_async_checkpoint(scratch, **args)
 
 
 def test_async_checkpoint_on_two_gloo_ranks(tmp_path):
     with storage.scratch_dir(64 * MIB, root=tmp_path / "root") as s:
-        out = checkpoint_io.measure_async_checkpoint(s, 1024 * 64, rounds=2, device_ms=5)
+        out = storage.measure_async_checkpoint(s, 1024 * 64, rounds=2, device_ms=5)
     assert not (tmp_path / "root").exists()
     assert out["mismatches"] == {0: [], 1: []} and out["changed_during_write"]
     assert sorted(out["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # one file per rank: sharded
@@ -279,23 +280,23 @@ def test_async_checkpoint_on_two_gloo_ranks(tmp_path):
 # ---------------------------------------------------------------- 3FS's scale
 
 def test_3fs_figures_checked_by_arithmetic():
-    per_node = storage_scale.read_per_node()
+    per_node = storage.read_per_node()
     assert per_node["per_node_bytes_s"] == pytest.approx(6.6 * 2**40 / 180)
     assert per_node["line_rate_bytes_s"] == 50e9  # 2 x 200 Gbps
     assert per_node["fraction_of_line_rate"] == pytest.approx(0.806, abs=1e-3)
-    sort = storage_scale.graysort()
+    sort = storage.graysort()
     assert sort["tib_per_min"] == pytest.approx(sort["published_tib_per_min"], rel=2e-3)
-    assert storage_scale.kvcache_peak_per_client()["fraction_of_nic"] == pytest.approx(40 * 2**30 / 50e9)
-    assert "e2cef82" in storage_scale.source("read_aggregate_tib_s")
-    assert "56d8685" in storage_scale.source("service_cache_hit_tokens_per_day")
-    assert storage_scale.fact("service_cache_hit_tokens_per_day") / storage_scale.fact(
-        "service_input_tokens_per_day") == pytest.approx(storage_scale.fact("service_cache_hit_rate"), abs=5e-4)
+    assert storage.kvcache_peak_per_client()["fraction_of_nic"] == pytest.approx(40 * 2**30 / 50e9)
+    assert "e2cef82" in storage.source("read_aggregate_tib_s")
+    assert "56d8685" in storage.source("service_cache_hit_tokens_per_day")
+    assert storage.fact("service_cache_hit_tokens_per_day") / storage.fact(
+        "service_input_tokens_per_day") == pytest.approx(storage.fact("service_cache_hit_rate"), abs=5e-4)
     with pytest.raises(ValueError, match="not a fact"):
-        storage_scale.fact("write_tib_s")
+        storage.fact("write_tib_s")
 
 
 def test_v3_checkpoint_follows_lab_09_13_memory_recipe():
-    ck = storage_scale.v3_checkpoint()
+    ck = storage.v3_checkpoint()
     counts = models.count_params(v3model.config())
     assert ck["params"] == pytest.approx(counts["total_with_mtp"], rel=1e-12)
     assert ck["bytes_per_param"] == pytest.approx(2 + v3model.fact("master_weight_bytes")
@@ -303,29 +304,29 @@ def test_v3_checkpoint_follows_lab_09_13_memory_recipe():
     # lab 13's ZeRO-1 optimizer shard per GPU, times the GPUs, is the whole optimizer state once
     assert ck["optimizer_gb_per_gpu"] * ck["gpus"] == pytest.approx(ck["optimizer_gb"], rel=1e-9)
     assert ck["checkpoint_gb"] == pytest.approx(6826.4, abs=0.1)
-    assert storage_scale.v3_checkpoint_seconds(6.6 * 2**40) == pytest.approx(0.9407, abs=1e-4)
+    assert storage.v3_checkpoint_seconds(6.6 * 2**40) == pytest.approx(0.9407, abs=1e-4)
 
 
 def test_checkpoint_seconds_takes_the_slower_limit():
-    assert storage_scale.checkpoint_seconds(100, 4, 400, 3) == pytest.approx(100 / 3)  # storage-bound
-    assert storage_scale.checkpoint_seconds(100, 4, 400, 1000) == pytest.approx(100 / 4 / 50)  # NIC-bound
+    assert storage.checkpoint_seconds(100, 4, 400, 3) == pytest.approx(100 / 3)  # storage-bound
+    assert storage.checkpoint_seconds(100, 4, 400, 1000) == pytest.approx(100 / 4 / 50)  # NIC-bound
     for bad, match in [((0, 1, 1, 1), "checkpoint_gb=0"), ((1, 0, 1, 1), "ranks=0"), ((1, 1.5, 1, 1), "ranks=1.5"),
                        ((1, 1, -2, 1), "nic_gbps=-2"), ((1, 1, 1, math.inf), "storage_gbs=inf")]:
         with pytest.raises(ValueError, match=match):
-            storage_scale.checkpoint_seconds(*bad)
+            storage.checkpoint_seconds(*bad)
 
 
 def test_pretraining_and_kv_cache_reads():
-    assert [storage_scale.token_id_bytes(v) for v in (256, 257, 50_000, 65_536, 129_280)] == [1, 2, 2, 2, 4]
-    pt = storage_scale.pretraining_reads()
+    assert [storage.token_id_bytes(v) for v in (256, 257, 50_000, 65_536, 129_280)] == [1, 2, 2, 2, 4]
+    pt = storage.pretraining_reads()
     assert pt["tokens_per_s"] == pytest.approx(1e12 / (180_000 / 2048 * 3600))
     assert pt["bytes_s"] == pytest.approx(pt["tokens_per_s"] * 4) and pt["fraction_of_3fs"] < 1e-5
-    kv = storage_scale.kv_cache_reads()
+    kv = storage.kv_cache_reads()
     mla = kvcache.deepseek_v3_kv(v3model.config().values)["mla"]
     assert kv["bytes_per_token"] == mla == 61 * 576 * 2
     assert kv["bytes_s"] == pytest.approx(342e9 * mla / 86_400)
     assert kv["per_node_bytes_s"] == pytest.approx(kv["bytes_s"] / 226.75)
-    saved = storage_scale.prefill_saved()
+    saved = storage.prefill_saved()
     active = models.count_params(v3model.config())["active_compute"]
     assert saved["flops_per_day"] == pytest.approx(342e9 * 2 * active)
     assert saved["nodes_at_peak"] == pytest.approx(saved["flops_per_day"] / 1979e12 / 8 / 86_400)
@@ -339,7 +340,7 @@ def test_warm_reads_start_from_a_cached_file(scratch):
     if storage.cold_method(path) != "fadvise":
         pytest.skip("needs fadvise eviction")
     assert storage.page_cache_fraction(path) <= 0.05
-    r = storage_reads.random_reads(path, 200, cold=False)
+    r = storage.random_reads(path, 200, cold=False)
     assert r.resident_before >= 0.99 and r.method == "page cache"
     storage.evict(path)
-    assert storage_reads.read_sequential(path, MIB).resident_before >= 0.99
+    assert storage.read_sequential(path, MIB).resident_before >= 0.99

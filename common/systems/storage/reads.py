@@ -1,6 +1,6 @@
 """Reads from files, measured: the page cache against the device, block sizes, reader threads, random 4 KiB reads.
 
-What each read measures (files and eviction: `common.systems.storage`):
+What each read measures (files and eviction: `files`):
 - **warm** (`cold=False`): the file is in the page cache (read into it first if it is not all there); a read is a
   copy from kernel memory into the reader's buffer plus one system call per block -- memory bandwidth and syscall
   cost, no device.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.systems.storage import KIB, MIB, StorageError, check_int, evict, page_cache_fraction
+from common.systems.storage.files import KIB, MIB, StorageError, evict, page_cache_fraction, whole_in
 
 COLD_METHODS = ("fadvise", "o_direct")
 MAX_THREADS = 64
@@ -124,8 +124,8 @@ def _cached(path, size: int) -> float | None:
 
 
 def _check_read_args(path, block_size, threads, method):
-    check_int("block_size", block_size, 512, 256 * MIB)
-    check_int("threads", threads, 1, MAX_THREADS)
+    whole_in("block_size", block_size, 512, 256 * MIB)
+    whole_in("threads", threads, 1, MAX_THREADS)
     if method not in COLD_METHODS:
         raise ValueError(f"method={method!r} is not a cold-read method; allowed: {', '.join(COLD_METHODS)}")
     if not os.path.isfile(path):
@@ -191,7 +191,7 @@ def random_reads(path: str | Path, reads: int, threads: int = 1, block_size: int
     `max_seconds` (a slow disk must not hold the lab up), so `.reads` says how many were done. Cold: as in
     read_sequential; warm: the whole file is brought into the page cache first."""
     size = _check_read_args(path, block_size, threads, method)
-    check_int("reads", reads, threads, max(threads, size // block_size))
+    whole_in("reads", reads, threads, max(threads, size // block_size))
     if not max_seconds > 0:
         raise ValueError(f"max_seconds={max_seconds!r} must be > 0")
     direct = cold and method == "o_direct"
@@ -224,7 +224,7 @@ def read_sweep(path: str | Path, block_sizes, thread_counts, repeats: int = 3, m
     """Sequential reads, warm and (if `method`) cold, for each block size with one thread and for each thread count
     with `thread_block` blocks; `repeats` rounds, warm and cold interleaved inside each round so that the machine's
     drift hits both alike. One row per configuration: median GB/s, the spread, the cache fraction before cold reads."""
-    check_int("repeats", repeats, 1, 50)
+    whole_in("repeats", repeats, 1, 50)
     configs = [("block", b, 1) for b in block_sizes] + [("threads", thread_block, t) for t in thread_counts]
     kinds = [False] + ([True] if method else [])
     samples: dict = {}

@@ -11,15 +11,16 @@ GB = 1e9 B, TiB = 2^40 B, GiB = 2^30 B, Gbps = 1e9 bit/s.
 from __future__ import annotations
 
 import json
-import math
 from functools import lru_cache
 
 from common.core.env import REPO_ROOT
+from common.core.validate import number, whole
 from common.facts import hardware, models
 from common.systems import kvcache, topology, v3model
+from common.systems.storage.files import GIB
 
 FACTS_PATH = REPO_ROOT / "data" / "storage_3fs.json"
-TIB, GIB, GB = 2.0 ** 40, 2.0 ** 30, 1e9
+TIB, GB = float(1 << 40), 1e9
 SECONDS_PER_DAY = 86_400.0
 
 
@@ -46,12 +47,6 @@ def source(name: str) -> str:
 def gbps_to_bytes(gbps: float) -> float:
     """A line rate in Gbps (1e9 bits/s, as NICs are sold) in bytes/s."""
     return float(gbps) * 1e9 / 8
-
-
-def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value!r} is not allowed; {name} must be a finite number > 0")
-    return float(value)
 
 
 # ---------------------------------------------------------------- 3FS's published figures, checked
@@ -91,10 +86,9 @@ def checkpoint_seconds(checkpoint_gb: float, ranks: int, nic_gbps: float, storag
     """Seconds to write a checkpoint of `checkpoint_gb` GB split evenly over `ranks` writers, each behind a NIC of
     `nic_gbps` Gbps, into storage that takes `storage_gbs` GB/s in all: the slower of the two limits,
     max(checkpoint / ranks / NIC, checkpoint / storage) -- the writers run in parallel, the storage is shared."""
-    size, bw, store = _positive("checkpoint_gb", checkpoint_gb), _positive("nic_gbps", nic_gbps), \
-        _positive("storage_gbs", storage_gbs)
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-        raise ValueError(f"ranks={ranks!r} is not allowed; ranks must be an int >= 1")
+    size, bw, store = number("checkpoint_gb", checkpoint_gb), number("nic_gbps", nic_gbps), \
+        number("storage_gbs", storage_gbs)
+    whole("ranks", ranks, meaning="writers in parallel")
     return max(size / ranks / (bw / 8), size / store)
 
 
@@ -117,7 +111,7 @@ def v3_checkpoint() -> dict:
 
 def v3_checkpoint_seconds(storage_bytes_s: float) -> float:
     """Seconds to write DeepSeek-V3's checkpoint (v3_checkpoint) at `storage_bytes_s` bytes/s."""
-    return v3_checkpoint()["checkpoint_gb"] * GB / _positive("storage_bytes_s", storage_bytes_s)
+    return v3_checkpoint()["checkpoint_gb"] * GB / number("storage_bytes_s", storage_bytes_s)
 
 
 # ---------------------------------------------------------------- pre-training: can reading tokens bound it?
@@ -137,7 +131,7 @@ def pretraining_reads(bytes_per_token: float | None = None) -> dict:
     gpu_hours, gpus = v3model.fact("gpu_hours_per_t_tokens"), v3model.fact("gpus")
     tokens_s = 1e12 / (gpu_hours / gpus * 3600)
     b = token_id_bytes(v3model.config()["vocab_size"]) if bytes_per_token is None else \
-        _positive("bytes_per_token", bytes_per_token)
+        number("bytes_per_token", bytes_per_token)
     need = tokens_s * b
     return {"tokens_per_s": tokens_s, "bytes_per_token": b, "bytes_s": need,
             "fraction_of_3fs": need / (fact("read_aggregate_tib_s") * TIB)}
@@ -154,8 +148,8 @@ def kv_cache_reads(hit_tokens_per_day: float | None = None, bytes_per_token: flo
     """The KV-cache bytes the day's cache hits read, as an average rate for the fleet and per serving node, against
     3FS's KVCache peak per client node and its aggregate read rate."""
     hits = fact("service_cache_hit_tokens_per_day") if hit_tokens_per_day is None else \
-        _positive("hit_tokens_per_day", hit_tokens_per_day)
-    b = kv_bytes_per_token() if bytes_per_token is None else _positive("bytes_per_token", bytes_per_token)
+        number("hit_tokens_per_day", hit_tokens_per_day)
+    b = kv_bytes_per_token() if bytes_per_token is None else number("bytes_per_token", bytes_per_token)
     day = hits * b
     rate = day / SECONDS_PER_DAY
     per_node = rate / fact("service_average_nodes")
@@ -170,7 +164,7 @@ def prefill_saved(hit_tokens_per_day: float | None = None, gpu_id: str = "H800-S
     again), and at DeepSeek's own prefill rate per node (which counts hits too); and the read bandwidth per GPU at
     which reading a token's KV cache is as fast as recomputing it at that peak."""
     hits = fact("service_cache_hit_tokens_per_day") if hit_tokens_per_day is None else \
-        _positive("hit_tokens_per_day", hit_tokens_per_day)
+        number("hit_tokens_per_day", hit_tokens_per_day)
     active = models.count_params(v3model.config())["active_compute"]
     flops_per_token = 2 * active
     peak = hardware.peak_tflops(gpu_id, dtype) * 1e12

@@ -9,15 +9,16 @@ What is measured:
   weights, BF16 AdamW moments (lab 09) -- and trains (`_train_step`: the accelerator's time, during which the host
   waits, then a gradient all-reduce over the default group and an in-place change of every tensor). Per round,
   interleaved: a blocking `dcp.save` (t_save), the steps alone (t_steps), and `dcp.async_save` followed by the same
-  steps and a wait for the write (t_overlap). The write's exposed cost is
-  t_overlap - t_steps; its hidden fraction is 1 - exposed / t_save, clipped to [0, 1]. DCP's collectives run on a
-  separate gloo group, as torch's docs advise for async checkpointing, so they never interleave with training's.
+  steps and a wait for the write (t_overlap). The write's exposed cost is t_overlap - t_steps; its hidden fraction
+  is 1 - exposed / t_save, clipped to [0, 1]. DCP's collectives run on a separate gloo group, so they never
+  interleave with training's.
 - Read back: the last round's checkpoints are loaded into fresh tensors and compared bit for bit with a copy taken
   when each save began; the steps that ran during the asynchronous write changed every tensor (checked), so it
   also shows that DCP staged the state before training moved on.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import statistics
@@ -27,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from common.systems.storage import MIB, Scratch, StorageError, disk_full_is_clear
+from common.core.validate import number, whole
+from common.systems.storage.files import MIB, Scratch, StorageError, disk_full_is_clear
 
 RECIPE = (("weight", torch.bfloat16), ("master", torch.float32), ("exp_avg", torch.bfloat16),
           ("exp_avg_sq", torch.bfloat16))  # 2 + 4 + 2 + 2 = 10 bytes per parameter
@@ -46,8 +48,7 @@ def recipe_state(params: int, seed: int = 0, width: int = 1024, prefix: str = ""
     """A training state of about `params` parameters (rounded down to whole rows) in up to 4 layers of `width`
     columns: per layer the BF16 weight, the FP32 master and the two BF16 AdamW moments (10 bytes per parameter),
     seeded normal values (the second moment positive)."""
-    if isinstance(params, bool) or not isinstance(params, int) or params < width:
-        raise ValueError(f"params={params!r} must be an int >= width={width}")
+    whole("params", params, width, meaning=f"at least one row of width={width}")
     g = torch.Generator().manual_seed(seed)
     rows, out = params // width, {}
     for layer, n in enumerate(_split(rows, 4)):
@@ -85,7 +86,7 @@ def save_with_fsync(state: dict, path: str | Path) -> dict:
                 f.flush()
             except RuntimeError as exc:  # torch's zip writer reports a failed write as a RuntimeError
                 if shutil.disk_usage(Path(path).parent).free < state_bytes(state):
-                    raise StorageError(28, f"disk full while writing {str(path)!r}: {exc}") from None
+                    raise StorageError(errno.ENOSPC, f"disk full while writing {str(path)!r}: {exc}") from None
                 raise
             saved = time.perf_counter()
             os.fsync(f.fileno())
@@ -94,14 +95,15 @@ def save_with_fsync(state: dict, path: str | Path) -> dict:
 
 
 def measure_torch_save(scratch: Scratch, params: int, repeats: int = 3, seed: int = 0) -> dict:
-    """`repeats` torch.save + fsync of a recipe state of `params` parameters; the last file is loaded back and
-    compared bit for bit. Returns the per-round seconds, GB/s (file bytes / (save + fsync)) and the verdict."""
+    """`repeats` torch.save + fsync of a recipe state of `params` parameters (each round a new file); the last file
+    is loaded back (from the page cache) and compared bit for bit. Returns the per-round seconds, GB/s (file bytes / (save + fsync)) and the verdict."""
+    whole("repeats", repeats)
     state = recipe_state(params, seed)
     nbytes = state_bytes(state)
-    scratch.reserve(2 * nbytes + MIB, "torch.save checkpoints")  # two files at most exist at once
+    scratch.reserve(nbytes + nbytes // 10 + MIB, "torch.save checkpoint")  # one file at a time, plus its zip records
     rounds = []
     path = scratch / "checkpoint.pt"
-    for i in range(repeats):
+    for _ in range(repeats):
         if path.exists():
             path.unlink()
         rounds.append(save_with_fsync(state, path))
@@ -249,13 +251,10 @@ def measure_async_checkpoint(scratch: Scratch, params_per_rank: int, rounds: int
     scratch directory. Per round the slowest rank's times count (every rank waits for it); returns the rounds, the
     hidden fraction of each, their median and every rank's bit-for-bit verdict."""
     from common.parallel.distributed import run_workers
-    if isinstance(params_per_rank, bool) or not isinstance(params_per_rank, int) or params_per_rank < 1024:
-        raise ValueError(f"params_per_rank={params_per_rank!r} must be an int >= 1024 (one row of 1024 columns)")
-    for name, value in (("rounds", rounds), ("ranks", ranks)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be an int >= 1")
-    if not device_ms >= 0:
-        raise ValueError(f"device_ms={device_ms!r} must be >= 0 (milliseconds the accelerator takes per step)")
+    whole("params_per_rank", params_per_rank, 1024, meaning="at least one row of 1024 columns")
+    whole("rounds", rounds)
+    whole("ranks", ranks)
+    number("device_ms", device_ms, strict=False, meaning="milliseconds the accelerator takes per step")
     shard = params_per_rank * BYTES_PER_PARAM
     scratch.reserve(ranks * shard + MIB, "distributed checkpoints")  # each round's checkpoint is removed after it
     directory = tempfile.mkdtemp(prefix="dcp-", dir=scratch.path)

@@ -8,7 +8,7 @@ without room, is a `StorageError` naming the path, and nothing is left behind.
 Cold reads (`cold_method`): "fadvise" -- `fsync` (a dirty page cannot be dropped), then
 `posix_fadvise(POSIX_FADV_DONTNEED)`, checked with `mincore` (`page_cache_fraction`); where that leaves the file
 cached, "o_direct" -- `O_DIRECT` reads into page-aligned buffers, bypassing the cache -- where the file system allows
-it; else None (tmpfs: the file *is* page cache). The reads themselves are measured by `common.systems.storage_reads`.
+it; else None (tmpfs: the file *is* page cache). The reads themselves are measured in `reads`.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from common.core.env import REPO_ROOT
+from common.core.validate import whole
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 MAX_SCRATCH_BYTES = GIB          # the most a lab may put on this machine's disk
@@ -40,12 +41,12 @@ class StorageError(OSError):
     """A directory that cannot be written, a full disk, a file that cannot be read: the message names the path."""
 
 
-def check_int(name: str, value, lo: int, hi: int | None = None) -> int:
-    """`value` if an int in lo..hi (hi None: unbounded), else a ValueError naming `name`, the value and the range."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-        allowed = f"an int in {lo}..{hi}" if hi is not None else f"an int >= {lo}"
-        raise ValueError(f"{name}={value!r} is not allowed; {name} must be {allowed}")
-    return value
+def whole_in(name: str, value, minimum: int, maximum: int | None = None) -> int:
+    """common.core.validate.whole, with an upper bound: a ValueError names the parameter, the value and the range."""
+    whole(name, value, minimum)
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}={value!r} must be at most {maximum}")
+    return int(value)
 
 
 # ---------------------------------------------------------------- the scratch directory
@@ -59,7 +60,7 @@ class Scratch:
 
     def reserve(self, nbytes: int, what: str) -> None:
         """Count `nbytes` against the budget; raise ValueError (nothing written yet) when it would go over."""
-        check_int("nbytes", nbytes, 0)
+        whole("nbytes", nbytes, 0)
         if self.reserved + nbytes > self.budget:
             raise ValueError(f"{what}: {nbytes / MIB:.0f} MiB more would bring the scratch directory to "
                              f"{(self.reserved + nbytes) / MIB:.0f} MiB, over its budget of {self.budget / MIB:.0f} "
@@ -95,7 +96,7 @@ def scratch_dir(budget_bytes: int = MAX_SCRATCH_BYTES, root: str | Path | None =
 
     Raises StorageError naming the directory when it cannot be created or written, or when its disk has less free
     space than the budget plus 256 MiB -- and then leaves nothing behind (not even the folders it made)."""
-    check_int("budget_bytes", budget_bytes, 1, MAX_SCRATCH_BYTES)
+    whole_in("budget_bytes", budget_bytes, 1, MAX_SCRATCH_BYTES)
     root = Path(root) if root is not None else DEFAULT_ROOT
     created: list[Path] = []
     try:
@@ -145,7 +146,7 @@ def disk_full_is_clear(path: str | Path, what: str = "writing"):
 def write_file(path: str | Path, nbytes: int, seed: int = 0, chunk: int = 16 * MIB) -> int:
     """Write `nbytes` of seeded random bytes (incompressible, never zeros) and fsync them; return nbytes.
     A full disk raises StorageError and the partial file is removed."""
-    check_int("nbytes", nbytes, 1)
+    whole("nbytes", nbytes)
     rng = np.random.default_rng(seed)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
