@@ -223,18 +223,20 @@ def read_sweep(path: str | Path, block_sizes, thread_counts, repeats: int = 3, m
                thread_block: int = MIB) -> list[dict]:
     """Sequential reads, warm and (if `method`) cold, for each block size with one thread and for each thread count
     with `thread_block` blocks; `repeats` rounds, warm and cold interleaved inside each round so that the machine's
-    drift hits both alike. One row per configuration: median GB/s, the spread, the cache fraction before cold reads."""
+    drift hits both alike. One row per configuration: median GB/s, the spread, the cache fraction before cold reads.
+    One reader with `thread_block` blocks is in both sweeps: it is measured once and shown in both."""
     whole_in("repeats", repeats, 1, 50)
     configs = [("block", b, 1) for b in block_sizes] + [("threads", thread_block, t) for t in thread_counts]
     kinds = [False] + ([True] if method else [])
     samples: dict = {}
     for _ in range(repeats):
-        for sweep, block, threads in configs:
+        for block, threads in dict.fromkeys((block, threads) for _, block, threads in configs):
             for cold in kinds:
                 r = read_sequential(path, block, threads, cold=cold, method=method or "fadvise")
-                samples.setdefault((sweep, block, threads, cold), []).append(r)
+                samples.setdefault((block, threads, cold), []).append(r)
     rows = []
-    for (sweep, block, threads, cold), runs in samples.items():
+    for (sweep, block, threads), cold in ((c, k) for c in configs for k in kinds):
+        runs = samples[(block, threads, cold)]
         g = [r.gbps for r in runs]
         rows.append({"sweep": sweep, "block_size": block, "threads": threads,
                      "read": f"device ({method})" if cold else "page cache", "gbps": statistics.median(g),
