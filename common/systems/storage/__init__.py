@@ -8,7 +8,8 @@ storage`); behind it:
 - `checkpoints`: torch.save + fsync, and torch.distributed.checkpoint sharded over gloo ranks with async_save
   overlapping training steps (the hidden fraction of the write), each read back bit for bit;
 - `scale`: from one machine to 3FS's scale -- 3FS's published figures checked, DeepSeek-V3's checkpoint by lab 09/13's
-  memory recipe, pre-training's token reads, the on-disk KV cache of DeepSeek's service (data/storage_3fs.json).
+  memory recipe, pre-training's token reads, the on-disk KV cache of DeepSeek's service (data/storage_3fs.json;
+  the service's figures are lab 14's, data/deepseek_v3_service.json).
 
 Part of `common.systems`: may import core, facts, kernels, moe, parallel and the other systems modules.
 """
@@ -55,6 +56,7 @@ from common.systems.storage.scale import (
     pretraining_reads,
     prefill_saved,
     read_per_node,
+    service,
     source,
     token_id_bytes,
     v3_checkpoint,

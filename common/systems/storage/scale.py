@@ -1,47 +1,29 @@
 """From one machine's disk to 3FS's scale: per-node throughput against NIC line rate, the seconds a DeepSeek-V3
 checkpoint takes, whether reading tokens can bound pre-training, and what DeepSeek's on-disk KV cache reads and saves.
 
-Figures of 3FS and of DeepSeek's service come from data/storage_3fs.json (deepseek-ai/3FS README at commit e2cef82;
-deepseek-ai/open-infra-index day 6 at commit 56d8685), each with its source. Everything else is derived by the labs'
-own helpers: the checkpoint's bytes by lab 09/13's memory recipe (`topology.memory_per_gpu_gb` over
-`v3model.sketch()` with the run's bytes per parameter), the KV bytes per token by lab 11's sizing
-(`kvcache.deepseek_v3_kv`), the training token rate by data/deepseek_v3_run.json. Units: bytes, seconds;
-GB = 1e9 B, TiB = 2^40 B, GiB = 2^30 B, Gbps = 1e9 bit/s.
+3FS's figures come from data/storage_3fs.json (deepseek-ai/3FS README at commit e2cef82: `fact`, `source`); the
+KVCache peak and DeepSeek's service figures (deepseek-ai/open-infra-index day 6 at commit 56d8685) from lab 14's
+data/deepseek_v3_service.json (`inference_model.fact`). Everything else is derived by the labs' own helpers: the
+checkpoint's bytes by lab 09/13's memory recipe (`topology.memory_per_gpu_gb` over `v3model.sketch()` with the run's
+bytes per parameter), the KV bytes per token by lab 11's sizing (`kvcache.deepseek_v3_kv`), the training token rate
+by data/deepseek_v3_run.json. Units: bytes, seconds; GB = 1e9 B, TiB = 2^40 B, GiB = 2^30 B, Gbps = 1e9 bit/s.
 """
 from __future__ import annotations
 
-import json
-from functools import lru_cache
-
 from common.core.env import REPO_ROOT
 from common.core.validate import number, whole
-from common.facts import hardware, models
-from common.systems import kvcache, topology, v3model
+from common.facts import hardware, models, sourced
+from common.systems import inference_model, kvcache, topology, v3model
+from common.systems import service as service_day
 from common.systems.storage.files import GIB
 
 FACTS_PATH = REPO_ROOT / "data" / "storage_3fs.json"
 TIB, GB = float(1 << 40), 1e9
 SECONDS_PER_DAY = 86_400.0
-
-
-@lru_cache(maxsize=1)
-def _data() -> dict:
-    return json.loads(FACTS_PATH.read_text())
-
-
-def fact(name: str) -> float:
-    """A published figure, e.g. fact("read_aggregate_tib_s") -> 6.6."""
-    facts = _data()["facts"]
-    if name not in facts:
-        raise ValueError(f"{name!r} is not a fact in data/storage_3fs.json; recorded: {', '.join(facts)}")
-    return facts[name]["value"]
-
-
-def source(name: str) -> str:
-    """Where a fact comes from: title, URL (with the commit) and date."""
-    fact(name)
-    src = _data()["sources"][_data()["facts"][name]["source"]]
-    return f"{src['title']} ({src['url']}, {src['date']})"
+_FACTS = sourced.FactFile(FACTS_PATH)
+fact = _FACTS.fact      # a published 3FS figure, e.g. fact("read_aggregate_tib_s") -> 6.6
+source = _FACTS.source  # where it comes from: title, URL, commit and date
+service = inference_model.fact  # DeepSeek's service figures (lab 14), e.g. service("nodes_average") -> 226.75
 
 
 def gbps_to_bytes(gbps: float) -> float:
@@ -75,7 +57,7 @@ def graysort() -> dict:
 
 def kvcache_peak_per_client() -> dict:
     """The KVCache peak against one client's 400 Gbps NIC (the README's figure read per client node)."""
-    peak = fact("kvcache_peak_gib_s") * GIB
+    peak = service("threefs_kvcache_read_gibs") * GIB
     nic = gbps_to_bytes(fact("kvcache_client_nic_gbps"))
     return {"peak_bytes_s": peak, "nic_bytes_s": nic, "fraction_of_nic": peak / nic}
 
@@ -145,17 +127,20 @@ def kv_bytes_per_token(bytes_per_value: float = 2) -> float:
 
 
 def kv_cache_reads(hit_tokens_per_day: float | None = None, bytes_per_token: float | None = None) -> dict:
-    """The KV-cache bytes the day's cache hits read, as an average rate for the fleet and per serving node, against
-    3FS's KVCache peak per client node and its aggregate read rate."""
-    hits = fact("service_cache_hit_tokens_per_day") if hit_tokens_per_day is None else \
+    """The KV-cache bytes the day's cache hits read: the day's average rate for the fleet, and per prefill node (the
+    nodes that read them: lab 14's day accounting, `service.reported_day`), against 3FS's KVCache peak read per
+    client node and its aggregate read rate. `peak_if_aggregate`: the average over the peak, were the 40 GiB/s the
+    sum over all clients (more than 1 means it cannot be)."""
+    hits = service("input_tokens_cache_hit_per_day") if hit_tokens_per_day is None else \
         number("hit_tokens_per_day", hit_tokens_per_day)
     b = kv_bytes_per_token() if bytes_per_token is None else number("bytes_per_token", bytes_per_token)
     day = hits * b
     rate = day / SECONDS_PER_DAY
-    per_node = rate / fact("service_average_nodes")
-    return {"bytes_per_token": b, "bytes_per_day": day, "bytes_s": rate, "per_node_bytes_s": per_node,
-            "per_node_fraction_of_peak": per_node / (fact("kvcache_peak_gib_s") * GIB),
-            "fraction_of_3fs": rate / (fact("read_aggregate_tib_s") * TIB)}
+    nodes = service_day.reported_day()["nodes_prefill"]
+    peak = service("threefs_kvcache_read_gibs") * GIB
+    return {"bytes_per_token": b, "bytes_per_day": day, "bytes_s": rate, "prefill_nodes": nodes,
+            "per_prefill_node_bytes_s": rate / nodes, "per_node_fraction_of_peak": rate / nodes / peak,
+            "peak_if_aggregate": rate / peak, "fraction_of_3fs": rate / (fact("read_aggregate_tib_s") * TIB)}
 
 
 def prefill_saved(hit_tokens_per_day: float | None = None, gpu_id: str = "H800-SXM", dtype: str = "fp8") -> dict:
@@ -163,14 +148,14 @@ def prefill_saved(hit_tokens_per_day: float | None = None, gpu_id: str = "H800-S
     over the prefix left out, so a lower bound), as H800 nodes busy all day at the dense `dtype` peak (a lower bound
     again), and at DeepSeek's own prefill rate per node (which counts hits too); and the read bandwidth per GPU at
     which reading a token's KV cache is as fast as recomputing it at that peak."""
-    hits = fact("service_cache_hit_tokens_per_day") if hit_tokens_per_day is None else \
+    hits = service("input_tokens_cache_hit_per_day") if hit_tokens_per_day is None else \
         number("hit_tokens_per_day", hit_tokens_per_day)
     active = models.count_params(v3model.config())["active_compute"]
     flops_per_token = 2 * active
     peak = hardware.peak_tflops(gpu_id, dtype) * 1e12
-    gpus_per_node = 8  # an H800 node, as day 6 counts them
+    gpus_per_node = service("gpus_per_node")
     gpu_s = hits * flops_per_token / peak
     return {"flops_per_token": flops_per_token, "flops_per_day": hits * flops_per_token, "peak_flops": peak,
             "nodes_at_peak": gpu_s / gpus_per_node / SECONDS_PER_DAY,
-            "nodes_at_service_rate": hits / fact("service_prefill_tokens_per_node_s") / SECONDS_PER_DAY,
+            "nodes_at_service_rate": hits / service("prefill_tokens_per_s_per_node") / SECONDS_PER_DAY,
             "breakeven_read_bytes_s_per_gpu": kv_bytes_per_token() * peak / flops_per_token}
