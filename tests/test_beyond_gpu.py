@@ -161,3 +161,36 @@ def test_placement_probe_cpu_time_shows_oversubscription():
     assert two["elementwise_cpu_us"] > 1.1 * one["elementwise_cpu_us"]
     with pytest.raises(ValueError, match="threads=0"):
         hostside.placement_probe({cpu}, 0)
+
+
+def test_placement_probes_start_together_and_measure_one_at_a_time():
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("thread affinity needs Linux")
+    cpu = min(os.sched_getaffinity(0))
+    got = hostside.placement_probes([("one", {cpu}, 1), ("two", {cpu}, 2)], n=128, repeats=3, ops=500)
+    assert list(got) == ["one", "two"]
+    assert all(set(v) == {"matmul_gflops", "elementwise_wall_us", "elementwise_cpu_us"} for v in got.values())
+    assert got["two"]["elementwise_cpu_us"] > 1.1 * got["one"]["elementwise_cpu_us"]  # as placement_probe shows
+    with pytest.raises(ValueError, match="cpus=\\[100000\\]"):
+        hostside.placement_probes([("nowhere", {100_000}, 1)])
+
+
+def test_placement_probes_leave_no_process_when_one_fails(monkeypatch):
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("thread affinity needs Linux")
+    import subprocess
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(*a, **kw):
+        p = real_popen(*a, **kw)
+        started.append(p)
+        return p
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    cpu = min(os.sched_getaffinity(0))
+    with pytest.raises(RuntimeError, match="failed to start .*no torch here"):
+        hostside._run_pinned_gated([("print('ready', flush=True); import sys; sys.stdin.readline()", {cpu}, 1),
+                                    ("raise SystemExit('no torch here')", {cpu}, 1)], timeout=30)
+    with pytest.raises(TimeoutError, match="did not start within timeout=1"):
+        hostside._run_pinned_gated([("import time; time.sleep(60)", {cpu}, 1)], timeout=1)
+    assert len(started) == 3 and all(p.poll() is not None for p in started)

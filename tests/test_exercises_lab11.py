@@ -131,3 +131,39 @@ def test_failing_numbers_printed_with_enough_digits():
     # off by one in ~25 million: %.6g would print two equal numbers
     with pytest.raises(CheckFailed, match=r"expected 25165824, got 25165825"):
         expect_number(25165825, 25165824, "bytes", rtol=1e-12)
+
+
+# ---- issue 28: checkpoint seconds from size, ranks and bandwidth
+def _ckpt(size, ranks, nic, store):
+    return max(size / ranks / (nic / 8), size / store)
+
+
+def test_checkpoint_seconds():
+    assert lab11.check_checkpoint_seconds(_ckpt).passed
+    assert lab11.check_checkpoint_seconds(_stub).status == "not attempted"
+    wrong = [
+        (lambda s, r, n, st: max(s / r / n, s / st), "gigaBITS per second: divide by 8"),
+        (lambda s, r, n, st: s / r / (n / 8), "shared by all .* writers: it caps their total"),
+        (lambda s, r, n, st: s / st, "each rank's NIC .* also limits its share"),
+        (lambda s, r, n, st: max(s / (n / 8), s / st), "write in parallel, each only its 1/.* share"),
+        (lambda s, r, n, st: s / r / (n / 8) + s / st, "take the slower, not the sum"),
+        (lambda s, r, n, st: s / (r * n / 8 + st), "bandwidths in series do not add"),
+        (lambda s, r, n, st: min(s / r / (n / 8), s / st), "the FASTER of the two limits"),
+        (lambda s, r, n, st: _ckpt(s, r, n, st) / 60, "minutes, not seconds"),
+        (lambda s, r, n, st: _ckpt(s, r, n, st) * 1e9 / 2**30, "not GiB"),
+        (lambda s, r, n, st: _ckpt(s, r, n, st) * 1.01, r"seconds for checkpoint_gb=6826.4.*relative error 0.01"),
+    ]
+    for fn, match in wrong:
+        with pytest.raises(CheckFailed, match=match):
+            lab11.check_checkpoint_seconds(fn)
+
+
+def test_checkpoint_seconds_reference_and_bad_returns_caught():
+    from common.systems import storage
+    with pytest.raises(CheckFailed, match="called common.systems.storage.scale.checkpoint_seconds"):
+        lab11.check_checkpoint_seconds(lambda *a: storage.checkpoint_seconds(*a))
+    with pytest.raises(CheckFailed, match="returned None"):
+        lab11.check_checkpoint_seconds(lambda *a: None)
+    with pytest.raises(CheckFailed, match=r"checkpoint_seconds\(6826.4, 256, 200.0, 7256.8\): your code raised "
+                                          r"ZeroDivisionError"):
+        lab11.check_checkpoint_seconds(lambda *a: 1 / 0)

@@ -1,11 +1,11 @@
-"""Checkers for lab 11 (beyond the GPU): KV-cache sizing, paged allocation, GPU sharing."""
+"""Checkers for lab 11 (beyond the GPU): KV-cache sizing, paged allocation, GPU sharing, checkpoint write time."""
 from __future__ import annotations
 
 import math
 
 from common.core.checks import checker, expect, fail
 from common.exercises.cases import as_number, expect_number, fresh_cases, learner_call
-from common.systems import kvcache, sharing
+from common.systems import kvcache, sharing, storage
 
 BYTES_PER_VALUE = (1, 2, 4)  # FP8/INT8, BF16/FP16, FP32: each gets a fixed case
 
@@ -128,7 +128,53 @@ def check_shared_utilisation(fn):
                      f"the whole slice")
             if mode == "mps" and n * demand > 1 and got > 1:
                 fail(f"{where}: got {got:.4g}; utilisation cannot exceed the whole GPU (1.0)")
-            if mode == "time-slicing" and n > 1 and math.isclose(got, min(1.0, n * demand)):
+            if mode == "time-slicing" and n > 1 and math.isclose(got, min(1.0, n * demand)) \
+                    and not math.isclose(expected, min(1.0, n * demand)):  # demand 1.0: the two agree
                 fail(f"{where}: time slicing runs one context at a time, so the jobs do not add up")
             expect_number(got, expected, f"utilisation for {where}", rtol=1e-9, atol=1e-12)
     return "time slicing keeps one job's demand; MIG caps each job at its slice; MPS adds demands up to 1"
+
+
+def _number(fn, name: str, args: tuple, reference, what: str) -> float:
+    """The learner's fn(*args) as one number; a crash, a call to `reference` or another type is a verdict that
+    writes the call out."""
+    text = f"{name}({', '.join(map(str, args))})"
+    return as_number(learner_call(fn, args, text, (reference,)), text, what)
+
+
+@checker("11.5", "checkpoint seconds from size, ranks and bandwidth")
+def check_checkpoint_seconds(fn):
+    """fn(checkpoint_gb, ranks, nic_gbps, storage_gbs) -> seconds to write the checkpoint: each rank writes its share
+    through its own NIC (Gbps: bits), all of them into storage of storage_gbs GB/s (bytes) in all."""
+    with fresh_cases() as cases:
+        rng = cases.rng
+        # fixed first cases: NIC-bound, storage-bound, one rank, and DeepSeek-V3 on 256 nodes against 3FS's 6.6 TiB/s
+        cases_ = [(6826.4, 256, 200.0, 7256.8), (100.0, 4, 400.0, 3.0), (40.0, 1, 100.0, 50.0),
+                  (1000.0, 16, 200.0, 500.0), (250.0, 8, 25.0, 900.0)] + [
+            (round(rng.uniform(1, 10_000), 1), rng.choice([1, 2, 8, 64, 512]), rng.choice([25.0, 100.0, 200.0, 400.0]),
+             round(rng.uniform(1, 8000), 1)) for _ in range(6)]
+        for args in cases_:
+            size, ranks, nic, store = args
+            expected = storage.checkpoint_seconds(*args)
+            got = _number(fn, "checkpoint_seconds", args, storage.checkpoint_seconds, "seconds, a number")
+            where = f"checkpoint_gb={size}, ranks={ranks}, nic_gbps={nic}, storage_gbs={store}"
+            nic_s, store_s = size / ranks / (nic / 8), size / store
+            mistakes = [
+                (max(size / ranks / nic, store_s), "NIC rates are in gigaBITS per second: divide by 8 for bytes"),
+                (nic_s, f"the storage's {store} GB/s is shared by all {ranks} writers: it caps their total"),
+                (store_s, f"each rank's NIC ({nic} Gbps) also limits its share"),
+                (max(size / (nic / 8), store_s), f"all {ranks} ranks write in parallel, each only its 1/{ranks} share"),
+                (nic_s + store_s, "the two limits act at once (the bytes stream through both): take the slower, "
+                                  "not the sum"),
+                (size / (ranks * nic / 8 + store), "bandwidths in series do not add: the slower limit sets the pace"),
+                (min(nic_s, store_s), "the FASTER of the two limits: the write goes at the pace of the slower one"),
+                (expected / 60, "minutes, not seconds"),
+                (expected * 1e9 / 2**30, "GB are 1e9 bytes here, not GiB"),
+                (expected * 2**30 / 1e9, "GB are 1e9 bytes here, not GiB"),
+            ]
+            named = [why for value, why in mistakes if math.isclose(got, value, rel_tol=1e-9)
+                     and not math.isclose(value, expected, rel_tol=1e-9)]
+            if named:
+                fail(f"{where}: got {got:.10g} s: {' -- or '.join(dict.fromkeys(named))}")
+            expect_number(got, expected, f"seconds for {where}", rtol=1e-9)
+    return "max(checkpoint / ranks / (NIC / 8), checkpoint / storage): parallel writers, shared storage"

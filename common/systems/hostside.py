@@ -172,8 +172,11 @@ print(2 * n**3 * repeats / (time.perf_counter() - start) / 1e9)
 # two workloads in one process: a matmul (long parallel regions) and many element-wise ops on 64K floats (a short
 # parallel region, ending in a barrier, every few microseconds)
 _PLACEMENT_PROBE = """
-import time, torch
+import sys, time, torch
 n, repeats, elems, ops = {n}, {repeats}, {elems}, {ops}
+if {gated}:  # started beside other probes: say so once imported, then wait for our turn to measure alone
+    print("ready", flush=True)
+    sys.stdin.readline()
 a, b = torch.randn(n, n), torch.randn(n, n)
 a @ b
 start = time.perf_counter()
@@ -191,19 +194,61 @@ print(gflops, (time.perf_counter() - start) / ops * 1e6, (time.process_time() - 
 """
 
 
-def _run_pinned(code: str, cpus: set[int], threads: int) -> list[float]:
-    import subprocess
-    import sys
+def _pinned_env(cpus: set[int], threads: int) -> dict:
     allowed = os.sched_getaffinity(0)
     if not cpus or not set(cpus) <= allowed:
         raise ValueError(f"cpus={sorted(cpus)} must be a non-empty subset of the CPUs this process may use, "
                          f"{sorted(allowed)}")
     if threads < 1:
         raise ValueError(f"threads={threads} must be >= 1")
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def _run_pinned(code: str, cpus: set[int], threads: int) -> list[float]:
+    import subprocess
+    import sys
+    env = _pinned_env(cpus, threads)
     out = subprocess.run([sys.executable, "-c", code], env=env, preexec_fn=lambda: os.sched_setaffinity(0, set(cpus)),
                          capture_output=True, text=True, timeout=120, check=True)
     return [float(v) for v in out.stdout.strip().splitlines()[-1].split()]
+
+
+def _run_pinned_gated(jobs: list[tuple[str, set, int]], timeout: float = 120) -> list[list[float]]:
+    """Several pinned probes: all processes start at once, each on its own CPUs from the start (as `taskset` does:
+    OpenMP reads the affinity when it loads, and picks its way of waiting from it), and import torch side by side
+    (the slow part, seconds each); each says "ready", and only when all have, they measure ONE AT A TIME -- the
+    others wait on a read from stdin, idle -- so no two measurements share the machine. Every process is killed if
+    anything fails."""
+    import select
+    import subprocess
+    import sys
+    envs = [_pinned_env(cpus, threads) for _, cpus, threads in jobs]
+    procs = []
+    try:
+        for (code, cpus, _), env in zip(jobs, envs):
+            procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, text=True, stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          preexec_fn=lambda c=frozenset(cpus): os.sched_setaffinity(0, set(c))))
+        deadline = time.monotonic() + timeout
+        for p in procs:  # wait for every "ready" (a probe that dies says "" at once; one that hangs meets the deadline)
+            if not select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise TimeoutError(f"a placement probe did not start within timeout={timeout} s")
+            if p.stdout.readline().strip() != "ready":
+                p.wait(timeout)
+                raise RuntimeError(f"a placement probe failed to start (exit {p.returncode}): "
+                                   f"{p.stderr.read()[-800:]}")
+        out = []
+        for p in procs:
+            stdout, stderr = p.communicate("go\n", timeout=timeout)
+            if p.returncode:
+                raise RuntimeError(f"a placement probe failed (exit {p.returncode}): {stderr[-800:]}")
+            out.append([float(v) for v in stdout.strip().splitlines()[-1].split()])
+        return out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def placement_probe(cpus: set[int], threads: int, n: int = 512, repeats: int = 20, elems: int = 1 << 16,
@@ -213,9 +258,19 @@ def placement_probe(cpus: set[int], threads: int, n: int = 512, repeats: int = 2
     in a barrier). CPU time counts what the process's threads burned, so other processes' load does not inflate it
     the way it inflates wall-clock time. With more threads than cores the threads take turns, and a thread that
     reaches the barrier first spins or sleeps until its partner gets the core: more CPU time for the same work."""
-    gflops, wall_us, cpu_us = _run_pinned(_PLACEMENT_PROBE.format(n=n, repeats=repeats, elems=elems, ops=ops), cpus,
-                                          threads)
+    gflops, wall_us, cpu_us = _run_pinned(_PLACEMENT_PROBE.format(n=n, repeats=repeats, elems=elems, ops=ops,
+                                                                  gated=False), cpus, threads)
     return {"matmul_gflops": gflops, "elementwise_wall_us": wall_us, "elementwise_cpu_us": cpu_us}
+
+
+def placement_probes(placements, n: int = 512, repeats: int = 20, elems: int = 1 << 16, ops: int = 2000) -> dict:
+    """placement_probe for each (name, cpus, threads) of `placements`, in a fraction of the time: the processes
+    import torch side by side, then measure one after the other, each alone (see _run_pinned_gated)."""
+    placements = list(placements)
+    code = _PLACEMENT_PROBE.format(n=n, repeats=repeats, elems=elems, ops=ops, gated=True)
+    values = _run_pinned_gated([(code, set(cpus), threads) for _, cpus, threads in placements])
+    return {name: {"matmul_gflops": g, "elementwise_wall_us": w, "elementwise_cpu_us": c}
+            for (name, _, _), (g, w, c) in zip(placements, values)}
 
 
 def matmul_gflops_pinned(cpus: set[int], threads: int, n: int = 512, repeats: int = 20) -> float:
