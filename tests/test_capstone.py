@@ -8,6 +8,14 @@ import torch
 from common.core import ceilings, traces
 from common.systems import capstone
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _triton_mode_first():
+    """Set Triton's mode before torch.profiler imports triton (as a notebook's set-up cell does)."""
+    from common.core.env import current
+    current()
+
+
 TINY = capstone.BlockConfig(batch=2, seq=12, hidden=16, heads=2, head_dim=8, q_rank=8, kv_rank=4, experts=8, top_k=2,
                             n_group=2, topk_group=1, expert_ffn=8)
 
@@ -302,3 +310,14 @@ def test_component_shares_and_times_charge_backward_to_forward(tmp_path):
     assert times["other"] == {"us": 5.0, "ops": 1}
     with pytest.raises(ValueError, match="no event named"):
         traces.find_window(loaded, "nope")
+
+
+def test_lab12_cells_write_nothing_to_stderr():
+    """The profiler's native `USDT ... profiler_start/stop` lines (and any warning) never reach a cell's output."""
+    import nbformat
+
+    from common.core import notebooks
+    nb = nbformat.read(str(notebooks.SOLUTIONS / "12_profiling_loop.ipynb"), as_version=4)
+    noisy = [(i, "".join(o.get("text", ""))[:80]) for i, c in enumerate(nb.cells) if c.cell_type == "code"
+             for o in c.outputs if o.output_type == "stream" and o.name == "stderr"]
+    assert not noisy, f"cells print to stderr: {noisy}"

@@ -8,7 +8,8 @@
   merged). With CPU operators it is the host's time between operators -- Python, dispatch, waiting; with GPU kernels
   it is the GPU's idle fraction.
 - `component_shares(events, window, components)`: the share of the window spent in each named `record_function`
-  range, backward included (each backward function is charged to the component whose forward op it differentiates).
+  range, backward included (each backward function is charged to the component whose forward op it differentiates);
+  `component_times` gives each component's time and operator count (what the profiler's per-operator cost scales with).
 
 Reading a GPU trace (a PyTorch-profiler Chrome trace of a real training step, e.g. DeepSeek's profile-data):
 - `read_trace(path)`: the whole file, checked -- a clear error when it is not JSON, truncated, has no `traceEvents`;

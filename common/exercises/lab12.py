@@ -389,10 +389,10 @@ def check_profile_steps(fn, cases):
             want = {ProfilerActivity.CPU} | ({ProfilerActivity.CUDA} if device == "cuda" else set())
             got = set(prof.activities)
             if device == "cuda":
-                expect(ProfilerActivity.CUDA in got, f"{call}: activities {sorted(a.name for a in got)}; on a GPU "
+                expect(ProfilerActivity.CUDA in got, f"{call}: activities {sorted(act.name for act in got)}; on a GPU "
                                                      f"run add ProfilerActivity.CUDA, or the kernels are missing")
-            expect(got == want, f"{call}: activities {sorted(a.name for a in got)}, expected "
-                                f"{sorted(a.name for a in want)} (CUDA only on a GPU run)")
+            expect(got == want, f"{call}: activities {sorted(act.name for act in got)}, expected "
+                                f"{sorted(act.name for act in want)} (CUDA only on a GPU run)")
             expect(prof.record_shapes, f"{call}: record_shapes is off; turn it on to see each operator's shapes")
             expect(prof.with_stack, f"{call}: with_stack is off; turn it on to see where each operator was called")
             names = _profiled_names(prof, path)

@@ -6,7 +6,7 @@ its own [H, F] and [F, H] matrices). The layers take the gate's `weights` and `i
 - `moe_loop_forward` is the training branch of DeepSeek's Hugging Face modeling code (`DeepseekV2MoE.forward`,
   kept for V3 derivatives): repeat every token k times, then for each expert select its rows with a boolean mask,
   run the expert and write the rows back (`y[mask] = expert(x[mask])`), and sum the k results weighted. Every mask
-  is a host sync (the row count), and in the backward every `x[mask]` and `y[mask] = ...` writes a gradient the
+  is a host sync (the row count; the mask is built twice per expert, as there), and in the backward every `x[mask]` and `y[mask] = ...` writes a gradient the
   size of ALL T x k rows: E full-size zero-fills and additions per step -- the hidden cost a profile finds.
 - `moe_grouped_forward` sorts the T x k assignments by expert (lab 06's `dispatch_plan`), lays each expert's rows
   into its own slot of a zero-padded [E, capacity, H] buffer (capacity = the busiest expert's count) and runs each
@@ -40,9 +40,8 @@ def moe_loop_forward(x, weights, indices, w_gate, w_up, w_down, act=swiglu):
     # unbind once: separate matrices, as nn.ModuleList experts hold them (indexing w[e] in the loop would add a
     # full-size gradient per use on top of the masks' own)
     gates, ups, downs = w_gate.unbind(0), w_up.unbind(0), w_down.unbind(0)
-    for e in range(len(gates)):
-        mask = flat == e
-        y[mask] = ffn(xs[mask], gates[e], ups[e], downs[e], act)
+    for e in range(len(gates)):  # as written there: the mask built twice, each use a host sync
+        y[flat == e] = ffn(xs[flat == e], gates[e], ups[e], downs[e], act)
     return (y.view(t, k, -1) * weights.unsqueeze(-1).to(y.dtype)).sum(dim=1)
 
 

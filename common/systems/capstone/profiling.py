@@ -13,7 +13,7 @@ bounds a change's speed-up from a share.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ class StepProfile:
     times: dict  # component -> {"us", "ops"} (traces.component_times), "other" included
     idle_share: float
     events: int  # complete events in the trace
+    cpu_ops: list = field(default_factory=list, repr=False)  # the operator events inside the step
 
     @property
     def profiled_us(self) -> float:
@@ -74,7 +75,7 @@ def profile_step(block: Block, x: torch.Tensor, version: Version, path, moe_fn=N
     window = traces.find_window(events, "step")
     ops = [e for e in traces.of_category(events, "cpu_op") if window[0] <= e["ts"] <= window[1]]
     return StepProfile(path, window, traces.component_times(events, window, components),
-                       traces.idle_share(ops, window), len(events))
+                       traces.idle_share(ops, window), len(events), ops)
 
 
 def profiled_and_unprofiled(block: Block, x: torch.Tensor, version: Version, path, n: int = 3, moe_fn=None,
