@@ -34,7 +34,7 @@ class BlockConfig:
     top_k: int = 8
     n_group: int = 8
     topk_group: int = 4
-    expert_ffn: int = 32  # intermediate size of each expert, routed and shared (DeepSeek-V3: 2048 of 7168)
+    expert_ffn: int = 24  # intermediate size of each expert, routed and shared (DeepSeek-V3: 2048 of 7168)
     route_scale: float = 2.5
     eps: float = 1e-6
     dtype: str = "float32"

@@ -119,8 +119,8 @@ def plot_waterfall(baseline_ms: float, verdicts, title: str = "Step time, change
             dict(color="lightgrey", edgecolor="grey", hatch="//")
         ax.bar(i, hi - lo, bottom=lo, width=0.6, **style)
         ax.plot([i - 0.3, i + 0.3], [new, new], color="black" if v.kept else "grey", lw=1.5)
-        word = "kept" if v.kept else "reverted"
-        ax.annotate(f"{v.gain:+.0%}\n{word}", (i, lo), textcoords="offset points", xytext=(0, -24), ha="center",
+        label = f"{v.gain:+.0%}\nkept\n{new:.3g} ms" if v.kept else f"{v.gain:+.0%}\nreverted"
+        ax.annotate(label, (i, lo), textcoords="offset points", xytext=(0, -34 if v.kept else -24), ha="center",
                     fontsize=8, color="black" if v.kept else "grey")
         lows.append(lo)
         if v.kept:
