@@ -9,84 +9,84 @@ from common.moe import moe
 from common.systems import capstone
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _triton_mode_first():
+    """Set Triton's mode before torch.profiler imports triton (as a notebook's set-up cell does)."""
+    from common.core.env import current
+    current()
+
+
 def _stub(*a):
     raise NotImplementedError("Exercise 12.x")
 
 
-# ---------------------------------------------------------------- 12.1 grouped MoE forward
-def _grouped(x, weights, indices, w_gate, w_up, w_down, act):
-    """A learner's right answer, written independently of capstone.moe_grouped_forward."""
+# ---------------------------------------------------------------- 12.3 grouped MoE forward
+def _padded(x, weights, indices, w_gate, w_up, w_down, act):
+    """A learner's right answer, written independently of capstone.moe_grouped_forward: zero-padded bmm."""
     t, k = indices.shape
-    e1 = w_gate.shape[0]
-    idx = torch.cat([indices, torch.full((t, 1), e1 - 1, dtype=indices.dtype)], 1)
-    wts = torch.cat([weights, torch.ones(t, 1, dtype=weights.dtype)], 1)
-    plan = moe.dispatch_plan(idx, e1)
-    counts = plan.counts.tolist()
-    xs = moe.dispatch(x, plan).split(counts)
-    gate = torch.cat([xe @ w_gate[e] for e, xe in enumerate(xs)])
-    up = torch.cat([xe @ w_up[e] for e, xe in enumerate(xs)])
-    h = act(gate, up).split(counts)
-    ys = torch.cat([he @ w_down[e] for e, he in enumerate(h)])
-    return moe.combine(ys, plan, wts, t)
+    e, h = w_gate.shape[0], x.shape[1]
+    plan = moe.dispatch_plan(indices, e)
+    cap = max(int(plan.counts.max()), 1)
+    flat = indices.reshape(-1)[plan.order]
+    pos = torch.arange(t * k) - plan.offsets[flat]
+    slot = flat * cap + pos
+    buf = torch.zeros(e * cap, h, dtype=x.dtype).index_copy(0, slot, moe.dispatch(x, plan)).view(e, cap, h)
+    out = torch.bmm(act(torch.bmm(buf, w_gate), torch.bmm(buf, w_up)), w_down).reshape(e * cap, h)[slot]
+    return moe.combine(out, plan, weights, t)
 
 
-def _no_shared(x, weights, indices, w_gate, w_up, w_down, act):
-    t, k = indices.shape
-    e1 = w_gate.shape[0]
-    plan = moe.dispatch_plan(indices, e1)
+def _per_expert(x, weights, indices, w_gate, w_up, w_down, act):
+    """Sorted dispatch, act once, but a matmul per expert and weight: not grouped."""
+    t = indices.shape[0]
+    plan = moe.dispatch_plan(indices, w_gate.shape[0])
     counts = plan.counts.tolist()
     xs = moe.dispatch(x, plan).split(counts)
-    gate = torch.cat([xe @ w_gate[e] for e, xe in enumerate(xs)])
-    up = torch.cat([xe @ w_up[e] for e, xe in enumerate(xs)])
-    h = act(gate, up).split(counts)
-    ys = torch.cat([he @ w_down[e] for e, he in enumerate(h)])
+    h = act(torch.cat([r @ w_gate[e] for e, r in enumerate(xs)]), torch.cat([r @ w_up[e] for e, r in enumerate(xs)]))
+    ys = torch.cat([r @ w_down[e] for e, r in enumerate(h.split(counts))])
     return moe.combine(ys, plan, weights, t)
 
 
-def _unweighted(x, weights, indices, *ws):
-    return _grouped(x, torch.ones_like(weights), indices, *ws)
-
-
 def _act_per_expert(x, weights, indices, w_gate, w_up, w_down, act):
-    t, k = indices.shape
-    e1 = w_gate.shape[0]
-    idx = torch.cat([indices, torch.full((t, 1), e1 - 1, dtype=indices.dtype)], 1)
-    wts = torch.cat([weights, torch.ones(t, 1, dtype=weights.dtype)], 1)
-    plan = moe.dispatch_plan(idx, e1)
+    t = indices.shape[0]
+    plan = moe.dispatch_plan(indices, w_gate.shape[0])
     xs = moe.dispatch(x, plan).split(plan.counts.tolist())
-    ys = torch.cat([act(xe @ w_gate[e], xe @ w_up[e]) @ w_down[e] for e, xe in enumerate(xs)])
-    return moe.combine(ys, plan, wts, t)
+    ys = torch.cat([act(r @ w_gate[e], r @ w_up[e]) @ w_down[e] for e, r in enumerate(xs)])
+    return moe.combine(ys, plan, weights, t)
 
 
-def _loop(x, weights, indices, w_gate, w_up, w_down, act):
-    rows = []
-    gates, ups, downs = w_gate.unbind(0), w_up.unbind(0), w_down.unbind(0)
-    for t in range(x.shape[0]):
-        xt = x[t:t + 1]
-        acc = act(xt @ gates[-1], xt @ ups[-1]) @ downs[-1]
-        for j in range(indices.shape[1]):
-            e = int(indices[t, j])
-            acc = acc + weights[t, j] * (act(xt @ gates[e], xt @ ups[e]) @ downs[e])
-        rows.append(acc)
-    return torch.cat(rows)
-
-
-def _one_act_loop(x, weights, indices, w_gate, w_up, w_down, act):
-    """act once on all rows, but a matmul per assignment (T*(k+1) tiny GEMMs)."""
+def _mask_loop(x, weights, indices, w_gate, w_up, w_down, act):
+    """Hugging Face's training branch: right numbers, a loop over experts."""
     t, k = indices.shape
-    e1 = w_gate.shape[0]
-    idx = torch.cat([indices, torch.full((t, 1), e1 - 1, dtype=indices.dtype)], 1).reshape(-1)
-    xs = x.repeat_interleave(k + 1, 0)
-    gate = torch.cat([xs[i:i + 1] @ w_gate[int(idx[i])] for i in range(len(idx))])
-    up = torch.cat([xs[i:i + 1] @ w_up[int(idx[i])] for i in range(len(idx))])
-    h = act(gate, up)
-    ys = torch.cat([h[i:i + 1] @ w_down[int(idx[i])] for i in range(len(idx))])
-    wts = torch.cat([weights, torch.ones(t, 1, dtype=weights.dtype)], 1).reshape(-1, 1)
-    return (ys * wts).view(t, k + 1, -1).sum(1)
+    xs, flat = x.repeat_interleave(k, 0), indices.reshape(-1)
+    y = torch.zeros_like(xs)
+    for e in range(w_gate.shape[0]):
+        m = flat == e
+        y[m] = act(xs[m] @ w_gate[e], xs[m] @ w_up[e]) @ w_down[e]
+    return (y.view(t, k, -1) * weights.unsqueeze(-1)).sum(1)
+
+
+def _unweighted(x, weights, indices, *ws):
+    return _padded(x, torch.ones_like(weights), indices, *ws)
+
+
+def _dropped_rows(x, weights, indices, w_gate, w_up, w_down, act):
+    """Capacity of the mean count: the busiest experts' overflow rows are dropped."""
+    t, k = indices.shape
+    e, h = w_gate.shape[0], x.shape[1]
+    plan = moe.dispatch_plan(indices, e)
+    cap = max(t * k // e, 1)
+    flat = indices.reshape(-1)[plan.order]
+    pos = torch.arange(t * k) - plan.offsets[flat]
+    keep = pos < cap
+    slot = (flat * cap + pos)[keep]
+    buf = torch.zeros(e * cap, h, dtype=x.dtype).index_copy(0, slot, moe.dispatch(x, plan)[keep]).view(e, cap, h)
+    out = torch.zeros(t * k, h, dtype=x.dtype)
+    out[keep] = torch.bmm(act(torch.bmm(buf, w_gate), torch.bmm(buf, w_up)), w_down).reshape(e * cap, h)[slot]
+    return moe.combine(out, plan, weights, t)
 
 
 def _detached(*args):
-    return _grouped(*args).detach()
+    return _padded(*args).detach()
 
 
 def _calls_reference(x, weights, indices, w_gate, w_up, w_down, act):
@@ -95,26 +95,36 @@ def _calls_reference(x, weights, indices, w_gate, w_up, w_down, act):
 
 def _modifies_input(x, weights, indices, *rest):
     weights /= weights.sum(-1, keepdim=True).detach()
-    return _grouped(x, weights, indices, *rest)
+    return _padded(x, weights, indices, *rest)
+
+
+def _modifies_indices(x, weights, indices, *rest):
+    indices.copy_(indices.flip(1))  # same answer, but the caller's indices are changed
+    return _padded(x, weights.flip(1), indices, *rest)
 
 
 def test_moe_grouped_forward():
-    assert lab12.check_moe_grouped_forward(_grouped).passed
-    for wrong, match in [(_no_shared, "shared expert"), (_unweighted, "gate weight"),
-                         (_act_per_expert, "called .* times"), (_loop, "called .* times"),
-                         (_one_act_loop, "matrix multiplications"), (_detached, "backward|gradient"),
-                         (_calls_reference, "write it")]:
+    assert lab12.check_moe_grouped_forward(_padded).passed
+    for wrong, match in [(_unweighted, "gate weight"), (_per_expert, "matrix multiplications"),
+                         (_act_per_expert, "matrix multiplications|called .* times"),
+                         (_mask_loop, "matrix multiplications"), (_dropped_rows, "MoE output"),
+                         (_detached, "backward|gradient"), (_calls_reference, "write it"),
+                         (_modifies_input, "modified its input|in-place"),
+                         (_modifies_indices, "modified its input indices")]:
         with pytest.raises(CheckFailed, match=match):
             lab12.check_moe_grouped_forward(wrong)
     assert lab12.check_moe_grouped_forward(_stub).status == "not attempted"
 
 
-def test_moe_grouped_forward_rejects_modified_input():
-    with pytest.raises(CheckFailed):
-        lab12.check_moe_grouped_forward(_modifies_input)
+def test_one_act_call_is_required():
+    def twice(x, weights, indices, w_gate, w_up, w_down, act):
+        act(torch.zeros(1, w_gate.shape[2], dtype=x.dtype), torch.zeros(1, w_gate.shape[2], dtype=x.dtype))
+        return _padded(x, weights, indices, w_gate, w_up, w_down, act)
+    with pytest.raises(CheckFailed, match="called 2 times"):
+        lab12.check_moe_grouped_forward(twice)
 
 
-# ---------------------------------------------------------------- 12.2 idle share
+# ---------------------------------------------------------------- 12.1 idle share
 def _idle(events, window):
     lo, hi = window
     spans = sorted((max(e["ts"], lo), min(e["ts"] + e["dur"], hi)) for e in events)
@@ -165,7 +175,7 @@ def test_idle_share():
     assert lab12.check_idle_share(_stub).status == "not attempted"
 
 
-# ---------------------------------------------------------------- 12.3 equivalence
+# ---------------------------------------------------------------- 12.2 equivalence
 def _equivalent(ref, got, rtol=1e-4):
     if set(ref) != set(got):
         return False
@@ -242,11 +252,121 @@ def test_equivalent():
     assert lab12.check_equivalent(_stub).status == "not attempted"
 
 
+# ---------------------------------------------------------------- 12.4 corrected share
+def _corrected(part_ms, part_ops, profiled_ms, ops, unprofiled_ms):
+    per_op = (profiled_ms - unprofiled_ms) / ops
+    return min(max((part_ms - part_ops * per_op) / unprofiled_ms, 0.0), 1.0)
+
+
+def test_corrected_share():
+    assert lab12.check_corrected_share(_corrected).passed
+    assert lab12.check_corrected_share(own_copy(capstone.corrected_share)).passed
+    for wrong, match in [(lambda p, po, pr, o, u: p / pr, "raw profile share"),
+                         (lambda p, po, pr, o, u: p / u, "still the profiled one"),
+                         (lambda p, po, pr, o, u: (p - po * (pr - u) / o) / pr, "over the PROFILED step"),
+                         (lambda p, po, pr, o, u: (p - po * pr / o) / u, "only the difference"),
+                         (lambda *a: 100 * _corrected(*a), "percentage"),
+                         (lambda p, po, pr, o, u: (p - o * (pr - u) / o) / u, "corrected_share")]:
+        with pytest.raises(CheckFailed, match=match):
+            lab12.check_corrected_share(wrong)
+    assert lab12.check_corrected_share(_stub).status == "not attempted"
+
+
+# ---------------------------------------------------------------- 12.5 driving the profiler
+def _profile_steps(step, trace_path, wait=1, warmup=1, active=2, device="cpu", **override):
+    from torch.profiler import ProfilerActivity, profile, schedule
+    opts = dict(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else []),
+                schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1), record_shapes=True,
+                with_stack=True)
+    opts.update(override)
+    with profile(**opts) as prof:
+        for _ in range(wait + warmup + active):
+            step()
+            prof.step()
+    prof.export_chrome_trace(str(trace_path))
+    return prof
+
+
+def test_profile_steps():
+    from torch.profiler import ProfilerActivity, profile, schedule
+    assert lab12.check_profile_steps(_profile_steps).passed
+
+    def no_warmup(step, path, wait, warmup, active, device):
+        return _profile_steps(step, path, wait, 0, active + warmup, device)
+
+    def no_schedule(step, path, wait, warmup, active, device):
+        return _profile_steps(step, path, wait, warmup, active, device, schedule=None)
+
+    def hard_coded(step, path, wait, warmup, active, device):
+        return _profile_steps(step, path, 1, 1, 2, device)
+
+    def cpu_only(step, path, wait, warmup, active, device):
+        return _profile_steps(step, path, wait, warmup, active, "cpu")
+
+    def no_trace(step, path, wait, warmup, active, device):
+        with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=wait, warmup=warmup, active=active),
+                     record_shapes=True, with_stack=True) as prof:
+            for _ in range(wait + warmup + active):
+                step()
+                prof.step()
+        return prof
+
+    for wrong, match in [(no_warmup, "warm-up step"), (no_schedule, "warm-up step"), (hard_coded, "ran the step"),
+                         (cpu_only, "add ProfilerActivity.CUDA"), (no_trace, "export_chrome_trace"),
+                         (lambda *a: _profile_steps(*a, record_shapes=False), "record_shapes"),
+                         (lambda *a: _profile_steps(*a, with_stack=False), "with_stack"),
+                         (lambda *a: _profile_steps(*a, activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]),
+                          "CUDA only on a GPU run"),
+                         (lambda *a: None, "returned NoneType")]:
+        with pytest.raises(CheckFailed, match=match):
+            lab12.check_profile_steps(wrong)
+    assert lab12.check_profile_steps(_stub).status == "not attempted"
+
+
+def test_profile_check_prints_no_native_lines(capfd):
+    """The profiler's native `USDT ... profiler_start` lines are captured at their source, not printed."""
+    lab12.check_profile_steps(_profile_steps)
+    out, err = capfd.readouterr()
+    assert "USDT" not in err and "profiler_start" not in err and "CUDA is not available" not in err
+
+
+# ---------------------------------------------------------------- 12.6 top operator
+def _top_op(averages, device="cpu"):
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    top = max((a for a in averages if a.key.startswith("aten::")), key=lambda a: getattr(a, key))
+    return top.key, top.input_shapes, getattr(top, key)
+
+
+def test_top_op():
+    assert lab12.check_top_op(_top_op).passed
+    by = lambda attr, aten=True: (lambda avgs, device="cpu": (lambda t: (t.key, t.input_shapes, getattr(t, attr)))(  # noqa: E731
+        max((a for a in avgs if a.key.startswith("aten::") or not aten), key=lambda a: getattr(a, attr))))
+    for wrong, match in [(by("cpu_time_total"), "TOTAL time"), (by("self_cpu_time_total"), "launch"),
+                         (by("self_cpu_time_total", aten=False), "record_function range|Python frame"),
+                         (lambda a, d: _top_op(a, d)[:2], "return a tuple"),
+                         (lambda a, d: (_top_op(a, d)[0], [], _top_op(a, d)[2]), "shapes"),
+                         (lambda a, d: (*_top_op(a, d)[:2], _top_op(a, d)[2] / 1e3), "self time")]:
+        with pytest.raises(CheckFailed, match=match):
+            lab12.check_top_op(wrong)
+    assert lab12.check_top_op(_stub).status == "not attempted"
+
+
+def test_top_op_on_a_real_profile():
+    """The right answer on real key_averages: an aten op and its shapes."""
+    from torch.profiler import profile
+    a = torch.randn(64, 64)
+    with profile(record_shapes=True) as prof:
+        (a @ a).relu()
+    name, shapes, us = _top_op(prof.key_averages(group_by_input_shape=True))
+    assert name.startswith("aten::") and us > 0 and isinstance(shapes, list)
+
+
 @pytest.mark.parametrize("check, reference", [
     (lab12.check_idle_share, lambda events, window: traces.idle_share(events, window)),
     (lab12.check_idle_share, lambda events, window: 1 - sum(t - s for s, t in traces.merged_intervals(events, window))
      / (window[1] - window[0])),
     (lab12.check_equivalent, lambda ref, got: capstone.equivalent(ref, got)),
+    (lab12.check_corrected_share, lambda *a: capstone.corrected_share(*a)),
 ])
 def test_calling_the_reference_is_caught(check, reference):
     with pytest.raises(CheckFailed, match="reference this exercise asks you to write"):

@@ -222,6 +222,24 @@ def measure_matmul_rate(n: int | None = None, dtype=None, device: str | None = N
                    f"{dev}, {n}x{n}x{n}, {dname}, {where}{', best block' if best else ''}", t)
 
 
+_dtype_ceilings: dict = {}
+
+
+def matmul_ceiling(dtype, device: str | None = None) -> Ceiling:
+    """This machine's matmul ceiling in `dtype` (a torch dtype), for an MFU taken in the dtype the work runs in: the
+    machine profile's own when it was measured in that dtype (`default_matmul_dtype`: float32 on a CPU, bf16 on a
+    GPU), else measured now (best block of the profile's matrix size) and kept for the rest of the process."""
+    dev = _device(device)
+    if dtype == default_matmul_dtype(dev):
+        return machine_profile().matmul
+    key = (dev, str(dtype))
+    if key not in _dtype_ceilings:
+        prof = machine_profile()
+        _dtype_ceilings[key] = measure_matmul_rate(prof.matmul_n, dtype=dtype, device=dev, best=True,
+                                                   n_threads=prof.threads if dev == "cpu" else None)
+    return _dtype_ceilings[key]
+
+
 def bandwidth_sweep(sizes_bytes, device: str | None = None, min_run_time: float = 0.05, n_threads: int | None = 1):
     """Copy bandwidth (GB/s) for each buffer size, on ONE CPU thread by default (handing a few-KiB copy to a thread
     pool costs more than the copy); small buffers live in caches, large ones in DRAM/HBM. On a GPU the L2 is not

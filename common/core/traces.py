@@ -8,7 +8,8 @@
   merged). With CPU operators it is the host's time between operators -- Python, dispatch, waiting; with GPU kernels
   it is the GPU's idle fraction.
 - `component_shares(events, window, components)`: the share of the window spent in each named `record_function`
-  range, backward included (each backward function is charged to the component whose forward op it differentiates).
+  range, backward included (each backward function is charged to the component whose forward op it differentiates);
+  `component_times` gives each component's time and operator count (what the profiler's per-operator cost scales with).
 
 Reading a GPU trace (a PyTorch-profiler Chrome trace of a real training step, e.g. DeepSeek's profile-data):
 - `read_trace(path)`: the whole file, checked -- a clear error when it is not JSON, truncated, has no `traceEvents`;
@@ -86,9 +87,12 @@ def _seq(e):
     return (e.get("args") or {}).get("Sequence number")
 
 
-def component_shares(events, window: tuple[float, float], components) -> dict:
-    """Share of `window` per component (a record_function name), backward included, plus "other" (operators outside
-    the components: the loss, logging) and "idle" (no operator running). The shares sum to 1."""
+def component_times(events, window: tuple[float, float], components) -> dict:
+    """{component: {"us": time, "ops": operators}} inside `window`, backward included, plus "other" (operators
+    outside the components: the loss, logging). "us" adds the durations of top-level operators (nesting counted
+    once); "ops" counts every operator event, nested ones too -- each is one the profiler recorded (and paid for).
+    A forward op is charged to the `record_function` range it ran in; a backward function (and what it calls) to
+    the component whose forward op it differentiates (autograd's sequence numbers link the two)."""
     lo, hi = window
     if not hi > lo:
         raise ValueError(f"window={window!r} must have end > start")
@@ -106,12 +110,28 @@ def component_shares(events, window: tuple[float, float], components) -> dict:
             owner = inside(e)
             if owner is not None:
                 seq_owner.setdefault(_seq(e), owner)
-    charged = defaultdict(float)
-    for e in top_level(ops):
-        owner = inside(e)
-        if owner is None and e["name"].startswith("autograd::engine::evaluate_function"):
-            owner = seq_owner.get(_seq(e))
-        charged[owner or "other"] += e["dur"]
+    out = {name: {"us": 0.0, "ops": 0} for name in (*components, "other")}
+    open_top = {}  # tid -> (end, owner) of the top-level op that is open on that thread
+    for e in sorted(ops, key=lambda e: (e["ts"], -e["dur"])):
+        tid = e.get("tid")
+        end, owner = open_top.get(tid, (float("-inf"), None))
+        if e["ts"] >= end:  # a new top-level op
+            owner = inside(e)
+            if owner is None and e["name"].startswith("autograd::engine::evaluate_function"):
+                owner = seq_owner.get(_seq(e))
+            owner = owner or "other"
+            open_top[tid] = (e["ts"] + e["dur"], owner)
+            out[owner]["us"] += e["dur"]
+        out[owner]["ops"] += 1
+    return out
+
+
+def component_shares(events, window: tuple[float, float], components) -> dict:
+    """Share of `window` per component (a record_function name), backward included, plus "other" (operators outside
+    the components: the loss, logging) and "idle" (no operator running). The shares sum to 1."""
+    lo, hi = window
+    ops = [e for e in of_category(events, "cpu_op") if lo <= e["ts"] and e["ts"] + e["dur"] <= hi]
+    charged = {name: t["us"] for name, t in component_times(events, window, components).items()}
     span = hi - lo
     shares = {name: charged.get(name, 0.0) / span for name in components}
     shares["idle"] = idle_share(ops, window)

@@ -1,4 +1,6 @@
-"""Checkers for lab 12 (the profiling loop): the grouped MoE forward, idle share from a trace, equivalence."""
+"""Checkers for lab 12 (the profiling loop): idle share from a trace (12.1), equivalence (12.2), the grouped MoE
+forward (12.3), a profile share corrected for the profiler's overhead (12.4), driving torch.profiler (12.5) and the
+top operator by self time (12.6)."""
 from __future__ import annotations
 
 import random
@@ -6,8 +8,8 @@ import random
 import torch
 
 from common.core import traces
-from common.core.checks import CheckFailed, checker, expect, expect_close, fail
-from common.exercises.cases import learner_call, replayable
+from common.core.checks import CheckFailed, checker, expect, expect_close, fail, near
+from common.exercises.cases import as_number, expect_number, learner_call, replayable
 from common.systems import capstone
 
 
@@ -20,17 +22,16 @@ def _moe_case(tokens, hidden, ffn, experts, k, seed, unused=()):
     g = _seeded(seed)
     x = torch.randn(tokens, hidden, generator=g, dtype=torch.float64)
     allowed = torch.tensor([e for e in range(experts) if e not in unused])
-    scores = torch.rand(tokens, len(allowed), generator=g)
-    indices = allowed[scores.topk(k, dim=1).indices]
+    indices = allowed[torch.rand(tokens, len(allowed), generator=g).topk(k, dim=1).indices]
     weights = torch.rand(tokens, k, generator=g, dtype=torch.float64) + 0.1
-    ws = [torch.randn(experts + 1, hidden, ffn, generator=g, dtype=torch.float64) / hidden ** 0.5,
-          torch.randn(experts + 1, hidden, ffn, generator=g, dtype=torch.float64) / hidden ** 0.5,
-          torch.randn(experts + 1, ffn, hidden, generator=g, dtype=torch.float64) / ffn ** 0.5]
+    ws = [torch.randn(experts, hidden, ffn, generator=g, dtype=torch.float64) / hidden ** 0.5,
+          torch.randn(experts, hidden, ffn, generator=g, dtype=torch.float64) / hidden ** 0.5,
+          torch.randn(experts, ffn, hidden, generator=g, dtype=torch.float64) / ffn ** 0.5]
     return x, weights, indices, ws
 
 
 class _MatmulCounter(torch.utils._python_dispatch.TorchDispatchMode):
-    MATMULS = {"mm", "bmm", "addmm", "baddbmm", "matmul", "dot", "mv", "addmv"}
+    MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "dot", "mv", "addmv", "_grouped_mm"}
 
     def __init__(self):
         super().__init__()
@@ -44,59 +45,49 @@ class _MatmulCounter(torch.utils._python_dispatch.TorchDispatchMode):
 
 def _forward_and_grads(fn, x, weights, indices, ws, act, call=None, used=None):
     """fn on fresh leaf copies; with `call`, fn is the learner's (a crash is a verdict naming the call, and a call to
-    capstone's own layer is added to `used`)."""
+    capstone's own layers is added to `used`)."""
     leaves = [t.clone().requires_grad_() for t in (x, weights, *ws)]
     args = (leaves[0], leaves[1], indices.clone(), leaves[2], leaves[3], leaves[4], act)
     if call is None:
-        return fn(*args), leaves
-    return learner_call(fn, args, call, (capstone.moe_grouped_forward, capstone.moe_loop_forward), used), leaves
+        return fn(*args), leaves, args
+    out = learner_call(fn, args, call, (capstone.moe_grouped_forward, capstone.moe_loop_forward), used)
+    return out, leaves, args
 
 
 @checker("12.3", "grouped MoE forward")
 @replayable
 def check_moe_grouped_forward(fn, cases):
-    """fn(x [T,H], weights [T,k], indices [T,k], w_gate [E+1,H,F], w_up [E+1,H,F], w_down [E+1,F,H], act) -> [T,H]:
-    the shared expert (index E) on every token plus each token's k experts weighted, grouped by expert."""
+    """fn(x [T,H], weights [T,k], indices [T,k], w_gate [E,H,F], w_up [E,H,F], w_down [E,F,H], act) -> [T,H]: each
+    token's k routed experts weighted and summed, every weight applied as ONE batched GEMM over all experts."""
     seed = cases.seed
-    # (tokens, hidden, ffn, experts, k, unused experts): asymmetric sizes, one expert left unused, k=1 and k>1
-    cases = [(29, 12, 8, 5, 2, (1,)), (16, 8, 20, 3, 1, ()), (41, 16, 12, 6, 3, (0, 4))]
-    for i, (t, h, f, e, k, unused) in enumerate(cases):
-        where = f"T={t}, H={h}, F={f}, E={e} routed + 1 shared, k={k}, unused experts {list(unused)} (seed {seed})"
+    # (tokens, hidden, ffn, experts, k, unused experts): asymmetric sizes, unused experts, k=1 and k>1
+    for i, (t, h, f, e, k, unused) in enumerate([(29, 12, 8, 5, 2, (1,)), (16, 8, 20, 3, 1, ()),
+                                                 (41, 16, 12, 6, 3, (0, 4))]):
+        where = f"T={t}, H={h}, F={f}, E={e}, k={k}, unused experts {list(unused)} (seed {seed})"
         x, weights, indices, ws = _moe_case(t, h, f, e, k, seed + i, unused)
         copies = [a.clone() for a in (x, weights, indices, *ws)]
         rows = []
 
         def act(gate, up):
             rows.append(tuple(gate.shape))
-            return capstone.swiglu_act(gate, up)
+            return capstone.swiglu(gate, up)
 
-        counter = _MatmulCounter()
-        used: set = set()
+        counter, used = _MatmulCounter(), set()
         with counter:
-            out, leaves = _forward_and_grads(fn, x, weights, indices, ws, act,
-                                             f"moe_grouped_forward(x, weights, indices, w_gate, w_up, w_down, act) "
-                                             f"for {where}", used)
+            out, leaves, given = _forward_and_grads(fn, x, weights, indices, ws, act, f"moe_forward(x, weights, "
+                                                    f"indices, w_gate, w_up, w_down, act) for {where}", used)
         if used:
-            fail(f"{where}: you called common.systems.capstone's own MoE layer; this exercise is to write it (common.moe.moe's "
-                 f"dispatch_plan / dispatch / combine are the parts to use)")
+            fail(f"{where}: you called common.systems.capstone's own MoE layer; this exercise is to write it")
         expect(isinstance(out, torch.Tensor), f"{where}: expected a tensor [T, H], got {type(out).__name__}")
-        for name, before, after in zip(("x", "weights", "indices", "w_gate", "w_up", "w_down"), copies,
-                                       (x, weights, indices, *ws)):
-            expect(torch.equal(before, after), f"{where}: your function modified its input {name}; work on copies")
-        expected = capstone.moe_grouped_forward(x, weights, indices, *ws)
+        for name, before, after in zip(("x", "weights", "indices", "w_gate", "w_up", "w_down"), copies, given):
+            expect(torch.equal(before, after.detach()), f"{where}: your function modified its input {name}; work on "
+                                                        f"copies")
+        expected = capstone.moe_loop_forward(x, weights, indices, *ws)
         if out.shape == expected.shape and not torch.allclose(out.detach(), expected, rtol=1e-9, atol=1e-10):
-            shared = capstone.expert_ffn(x, e, *[w.unbind(0) for w in ws])
-            routed = expected - shared
-            unweighted = capstone.moe_grouped_forward(x, torch.ones_like(weights), indices, *ws)
-            if torch.allclose(out.detach(), routed, rtol=1e-9, atol=1e-10):
-                fail(f"{where}: your output is the routed experts alone -- the shared expert (index E={e}, the last "
-                     f"of the stacked weights) runs on every token with weight 1 and is added to every output")
-            if torch.allclose(out.detach(), unweighted, rtol=1e-9, atol=1e-10):
-                fail(f"{where}: every expert's output was added with weight 1 -- multiply each routed expert's "
-                     f"output by that token's gate weight (weights[t, j])")
-            if torch.allclose(out.detach(), shared, rtol=1e-9, atol=1e-10):
-                fail(f"{where}: your output is the shared expert alone -- the routed experts' contributions are "
-                     f"missing (are the outputs scattered back to their tokens?)")
+            if torch.allclose(out.detach(), capstone.moe_loop_forward(x, torch.ones_like(weights), indices, *ws),
+                              rtol=1e-9, atol=1e-10):
+                fail(f"{where}: every expert's output was added with weight 1 -- multiply each expert's output "
+                     f"by that token's gate weight (weights[t, j])")
         expect_close(out.detach(), expected, f"MoE output for {where}", rtol=1e-9, atol=1e-10)
         probe = torch.randn(expected.shape, generator=_seeded(seed + 100 + i), dtype=torch.float64)
         try:
@@ -104,27 +95,26 @@ def check_moe_grouped_forward(fn, cases):
         except RuntimeError as exc:
             fail(f"{where}: the backward pass failed ({exc}); build the output from differentiable ops (no "
                  f".detach(), no .data, no in-place writes into a tensor that needs grad)")
-        ref_out, ref_leaves = _forward_and_grads(capstone.moe_grouped_forward, x, weights, indices, ws,
-                                                 capstone.swiglu_act)
+        ref_out, ref_leaves, _ = _forward_and_grads(capstone.moe_loop_forward, x, weights, indices, ws,
+                                                    capstone.swiglu)
         (ref_out * probe).sum().backward()
         for name, got, ref in zip(("x", "weights", "w_gate", "w_up", "w_down"), leaves, ref_leaves):
             expect(got.grad is not None, f"{where}: no gradient reached {name}; the layer must be differentiable "
                                          f"with respect to it")
             expect_close(got.grad, ref.grad, f"gradient of {name} for {where}", rtol=1e-8, atol=1e-10)
-        routed_rows = t * (k + 1)
-        expect(len(rows) > 0, f"{where}: `act` was never called; apply the act you are given (later it is the "
-                              f"compiled one) to the gate/up projections")
-        if len(rows) > 1:
-            fail(f"{where}: `act` was called {len(rows)} times (on {rows[:4]}{'...' if len(rows) > 4 else ''}); call "
-                 f"it ONCE on all {routed_rows} dispatched rows [T*(k+1), F], so a compiled act sees one shape")
-        expect(rows[0][0] == routed_rows, f"{where}: `act` ran on {rows[0][0]} rows; it should run once on all "
-                                          f"T*(k+1) = {routed_rows} dispatched rows (the shared expert included)")
-        limit = 3 * (e + 1)
-        expect(counter.calls <= limit,
-               f"{where}: the forward made {counter.calls} matrix multiplications; a grouped layer makes at most "
-               f"3 per expert ({limit} here) -- a per-token (or per-assignment) loop makes 3 x T x (k+1) = "
-               f"{3 * routed_rows}")
-    return "output and gradients match; one act call; at most 3 matmuls per expert"
+        expect(counter.calls <= 3,
+               f"{where}: the forward made {counter.calls} matrix multiplications; a grouped layer makes one "
+               f"batched GEMM per weight (3 in all, e.g. torch.bmm over zero-padded [E, capacity, H] slots) -- a "
+               f"loop over experts makes 3 x E = {3 * e}")
+        expect(len(rows) > 0, f"{where}: `act` was never called; apply the act you are given to the gate/up "
+                              f"projections")
+        expect(len(rows) == 1, f"{where}: `act` was called {len(rows)} times (on {rows[:4]}); call it ONCE, on "
+                               f"all experts' rows together")
+        n = 1
+        for size in rows[0][:-1]:
+            n *= size
+        expect(n >= t * k, f"{where}: `act` ran on {n} rows; it must see all T*k = {t * k} dispatched rows")
+    return "output and gradients match; one batched GEMM per weight; one act call"
 
 
 # ---------------------------------------------------------------------------------------------- 12.1
@@ -306,3 +296,156 @@ def check_equivalent(fn, cases):
         fail(f"{passed[key]}: your check said equivalent (seed {seed}); {_WHY[key]}"
              + (f". It also passed: {'; '.join(also)}" if also else ""))
     return "accepts rounding noise, rejects tiny-gradient, gradient-only, 1% output, None, NaN, shape and key errors"
+
+
+# ---------------------------------------------------------------------------------------------- 12.4
+@checker("12.4", "a profile share corrected for the profiler's overhead")
+@replayable
+def check_corrected_share(fn, cases):
+    """fn(part_ms, part_ops, profiled_ms, ops, unprofiled_ms) -> the part's share of the UNPROFILED step."""
+    rng = cases.rng
+    fixed = [(900.0, 17000, 1000.0, 18000, 400.0), (60.0, 400, 100.0, 1000, 80.0), (10.0, 50, 50.0, 2000, 45.0)]
+    randoms = []
+    for _ in range(3):
+        ops = rng.randint(500, 40000)
+        unprof = rng.uniform(20, 500)
+        per_op = rng.uniform(0.2, 3.0) * unprof / ops  # ms per op: the profiler adds 20-300%
+        part_ops = rng.randint(1, ops)
+        part = rng.uniform(0.2, 0.9) * unprof * part_ops / ops + part_ops * per_op
+        randoms.append((part, part_ops, unprof + ops * per_op, ops, unprof))
+    for i, args in enumerate(fixed + randoms):
+        part, part_ops, prof_ms, ops, unprof = args
+        call = (f"corrected_share(part_ms={part:.4g}, part_ops={part_ops}, profiled_ms={prof_ms:.4g}, ops={ops}, "
+                f"unprofiled_ms={unprof:.4g}){cases.tag(i >= len(fixed))}")
+        got = as_number(learner_call(fn, args, call, (capstone.corrected_share,), expected="a fraction"), call)
+        per = (prof_ms - unprof) / ops
+        expected = min(max((part - part_ops * per) / unprof, 0.0), 1.0)
+        wrong = {"the raw profile share part_ms / profiled_ms: it still carries the profiler's overhead":
+                 part / prof_ms,
+                 "part_ms / unprofiled_ms: the part's time is still the profiled one -- subtract its operators' "
+                 "overhead, part_ops x (profiled_ms - unprofiled_ms) / ops": part / unprof,
+                 "the corrected time over the PROFILED step: divide by the unprofiled step": (part - part_ops * per)
+                 / prof_ms,
+                 "the overhead per op taken as profiled_ms / ops: only the difference, (profiled - unprofiled) / "
+                 "ops, is the profiler's": (part - part_ops * prof_ms / ops) / unprof,
+                 "a percentage: return a fraction": 100 * expected}
+        if not near(got, expected, 1e-6):
+            for why, value in wrong.items():
+                if near(got, value, 1e-6) and not near(value, expected, 1e-6):
+                    fail(f"{call} returned {got:.6g}, {why} (expected {expected:.6g})")
+        expect_number(got, expected, call, rtol=1e-6, atol=1e-12)
+    return "per-op overhead from the step, taken out of the part, over the unprofiled step"
+
+
+# ---------------------------------------------------------------------------------------------- 12.5
+def _profiled_names(prof, path):
+    import json
+    from pathlib import Path
+    expect(Path(path).is_file(), f"no trace at {path}: call prof.export_chrome_trace(trace_path) after the steps")
+    try:
+        events = json.loads(Path(path).read_text())["traceEvents"]
+    except (ValueError, KeyError, TypeError) as exc:
+        fail(f"the file at {path} is not a Chrome trace with traceEvents ({exc}); write it with "
+             f"prof.export_chrome_trace")
+    return [e.get("name") for e in events if e.get("cat") == "user_annotation"]
+
+
+@checker("12.5", "driving torch.profiler: schedule, shapes, stacks, activities, trace")
+@replayable
+def check_profile_steps(fn, cases):
+    """fn(step, trace_path, wait, warmup, active, device) -> the finished torch.profiler.profile: a schedule of
+    `wait` skipped, `warmup` warm-up and `active` recorded steps, record_shapes and with_stack on, CPU activity
+    (and CUDA when device == "cuda"), the Chrome trace written to trace_path."""
+    import tempfile
+    import warnings
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from common.core.measurement import native_stderr_captured
+    a = torch.randn(48, 48, generator=cases.gen)
+    shapes = [(1, 1, 2), (1, 2, 3), (2, 1, 1)]
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (wait, warmup, active) in enumerate(shapes + [(1, 1, 1)]):
+            device = "cuda" if i == len(shapes) else "cpu"
+            calls = []
+
+            def step():
+                cold = len(calls) < wait + warmup
+                calls.append(cold)
+                with record_function("checker: skipped or warm-up step" if cold else "checker: recorded step"):
+                    (a @ a).sum()
+
+            path = Path(tmp) / f"trace_{i}.json"
+            call = f"profile_steps(step, trace_path, wait={wait}, warmup={warmup}, active={active}, device={device!r})"
+            with warnings.catch_warnings(), native_stderr_captured():
+                warnings.simplefilter("ignore")  # device="cuda" on a machine without one: torch warns
+                prof = learner_call(fn, (step, str(path), wait, warmup, active, device), call)
+            expect(isinstance(prof, profile), f"{call} returned {type(prof).__name__}; return the "
+                                              f"torch.profiler.profile object (after its `with` block)")
+            expect(len(calls) == wait + warmup + active,
+                   f"{call} ran the step {len(calls)} times; a schedule of wait={wait}, warmup={warmup}, "
+                   f"active={active} needs {wait + warmup + active} steps, each followed by prof.step()")
+            want = {ProfilerActivity.CPU} | ({ProfilerActivity.CUDA} if device == "cuda" else set())
+            got = set(prof.activities)
+            if device == "cuda":
+                expect(ProfilerActivity.CUDA in got, f"{call}: activities {sorted(act.name for act in got)}; on a GPU "
+                                                     f"run add ProfilerActivity.CUDA, or the kernels are missing")
+            expect(got == want, f"{call}: activities {sorted(act.name for act in got)}, expected "
+                                f"{sorted(act.name for act in want)} (CUDA only on a GPU run)")
+            expect(prof.record_shapes, f"{call}: record_shapes is off; turn it on to see each operator's shapes")
+            expect(prof.with_stack, f"{call}: with_stack is off; turn it on to see where each operator was called")
+            names = _profiled_names(prof, path)
+            if "checker: skipped or warm-up step" in names:
+                fail(f"{call}: the trace holds a skipped or warm-up step -- no schedule, or warmup=0: use "
+                     f"torch.profiler.schedule(wait={wait}, warmup={warmup}, active={active}) so the first steps "
+                     f"(cold caches, the profiler starting) are not recorded")
+            recorded = names.count("checker: recorded step")
+            expect(recorded == active, f"{call}: the trace holds {recorded} recorded steps, expected active={active}")
+    return "schedule honoured (no warm-up step recorded), shapes, stacks, CPU/CUDA activities, trace written"
+
+
+# ---------------------------------------------------------------------------------------------- 12.6
+def _row(key, self_cpu, total_cpu, self_dev=0.0, total_dev=0.0, shapes=(), count=1):
+    from types import SimpleNamespace
+    return SimpleNamespace(key=key, input_shapes=[list(s) for s in shapes], count=count,
+                           self_cpu_time_total=self_cpu, cpu_time_total=total_cpu,
+                           self_device_time_total=self_dev, device_time_total=total_dev)
+
+
+@checker("12.6", "the top operator by self time, and its shapes")
+@replayable
+def check_top_op(fn, cases):
+    """fn(averages, device) -> (name, input_shapes, self_us): the aten operator with the largest self time (device
+    time on a GPU run) in prof.key_averages(group_by_input_shape=True)."""
+    r = cases.rng.uniform(1.0, 2.0)
+    cpu = [_row("routed_experts", 900 * r, 5000 * r), _row("aten::linear", 20, 3000 * r, shapes=[(64, 32), (32, 8)]),
+           _row("aten::addmm", 400 * r, 420 * r, shapes=[(8,), (64, 32), (32, 8)]),
+           _row("aten::addmm", 300, 310, shapes=[(8,), (16, 32), (32, 8)]), _row("aten::add_", 250, 250, count=40),
+           _row("torch/nn/modules/module.py(1750): _call_impl", 950 * r, 6000 * r)]
+    gpu = [_row("aten::bmm", 40, 60, 900 * r, 900 * r, [(8, 64, 32), (8, 32, 16)]),
+           _row("aten::index_select", 500 * r, 520 * r, 30, 30, [(4096, 64), (), (512,)]),
+           _row("aten::mm", 60, 80, 400, 400, [(64, 32), (32, 16)])]
+    why = {"routed_experts": "a record_function range, not an operator: take aten:: entries only",
+           "torch/nn/modules/module.py(1750): _call_impl": "a Python frame (with_stack records them): take aten:: "
+                                                           "entries only",
+           "aten::linear": "the top by TOTAL time (cpu_time_total), which includes the operators it calls; rank by "
+                           "self time (self_cpu_time_total)",
+           "aten::index_select": "the top by CPU time on a GPU run: the CPU time of a GPU operator is its launch; "
+                                 "rank by self_device_time_total"}
+    for rows, device, want in ((cpu, "cpu", cpu[2]), (gpu, "cuda", gpu[0])):
+        rows = list(rows)
+        cases.rng.shuffle(rows)
+        call = f"top_op(<{len(rows)} averages>, device={device!r}) [random case, seed {cases.seed}]"
+        got = learner_call(fn, (rows, device), call, expected="(name, input_shapes, self_us)")
+        expect(isinstance(got, tuple) and len(got) == 3, f"{call} returned {got!r:.80}; return a tuple (name, "
+                                                         f"input_shapes, self time in us)")
+        name, shapes, self_us = got
+        if name != want.key and name in why:
+            fail(f"{call} returned {name!r}, {why[name]}")
+        expect(name == want.key, f"{call} returned {name!r}; the top operator by self time is {want.key!r}")
+        expect(list(map(list, shapes)) == want.input_shapes, f"{call}: the shapes {shapes!r} are another entry's "
+               f"(group_by_input_shape keeps one row per shape); the top row has {want.input_shapes}")
+        expected_us = want.self_device_time_total if device == "cuda" else want.self_cpu_time_total
+        expect_number(as_number(self_us, call), expected_us, f"self time returned by {call}", rtol=1e-9)
+    return "aten operators only, by self time (device time on a GPU run), with that row's shapes"

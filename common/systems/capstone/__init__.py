@@ -1,0 +1,81 @@
+"""Lab 12's workload and the tools of its profiling loop: a DeepSeek-V3-shaped MoE block, naive first, then changed
+one candidate at a time, each verified, timed against the version it would replace and kept or reverted by lab 01's
+regression rule.
+
+One namespace for the lab (`from common.systems import capstone`), one module per concern behind it:
+- `config`: `BlockConfig` (QUICK, FULL, `config_for`), `Version`, `BASELINE`, `CANDIDATES`, `apply`;
+- `experts`: SwiGLU experts, the naive per-expert loop (Hugging Face's DeepSeek training branch) and the grouped
+  layer (one batched GEMM per weight over zero-padded expert slots);
+- `block`: the weights, the pieces (RMSNorm, MLA projections, eager and SDPA attention, the gate), `Block`, `step`;
+- `verify`: outputs and gradients against the baseline's (`equivalent`, `verify`);
+- `profiling`: `profile_step` (a trace read per component), the profiler's overhead per operator,
+  `corrected_share`, `amdahl`;
+- `guard`: `judge` (keep or revert by interleaved samples and `measurement.is_regression`), `plot_waterfall`;
+- `costs`: FLOPs and bytes per part of a DeepSeek-V3 layer and of the block, roofline-predicted times, rankings;
+  `step_flops_and_bytes` (torch's counters).
+`python -m common.systems.capstone --version final --steps 5` runs steps for nsys / ncu on a GPU.
+
+Imports common.core, common.facts, common.moe and common.systems.v3model; imported by lab 12's checkers.
+"""
+from common.systems.capstone.block import (
+    COMPONENTS,
+    Block,
+    balanced_bias,
+    causal_mask,
+    eager_attention,
+    make_input,
+    make_params,
+    norm_for,
+    rmsnorm_eager,
+    rmsnorm_fused,
+    sdpa_attention,
+    step,
+)
+from common.systems.capstone.config import (
+    BASELINE,
+    CANDIDATES,
+    FULL,
+    QUICK,
+    BlockConfig,
+    Version,
+    all_applied,
+    apply,
+    config_for,
+)
+from common.systems.capstone.costs import (
+    LayerShape,
+    block_layer,
+    kernels,
+    mla_vs_mha_kv_flops,
+    predicted_times,
+    ranking,
+    shares,
+    step_flops_and_bytes,
+    v3_layer,
+    v3_predicted_times,
+)
+from common.systems.capstone.experts import (
+    ffn,
+    moe_grouped_forward,
+    moe_loop_forward,
+    padded_slots,
+    padding_waste,
+    swiglu,
+)
+from common.systems.capstone.guard import THRESHOLD, Verdict, decide, judge, plot_waterfall, try_change
+from common.systems.capstone.profiling import (
+    StepProfile,
+    amdahl,
+    busy_shares,
+    corrected_share,
+    overhead_per_op,
+    profile_step,
+    profiled_and_unprofiled,
+)
+from common.systems.capstone.verify import (
+    equivalent,
+    max_abs_error,
+    outputs_and_grads,
+    verify,
+    worst_relative_errors,
+)
