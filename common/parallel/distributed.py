@@ -1,17 +1,15 @@
-"""Run a torch.distributed worker on several processes of this machine, get each rank's result, leave nothing behind:
-`run_workers(worker, 2, args=(...,), backend="gloo", timeout=120)` is [rank 0's result, rank 1's], its `.output`
-what each printed. `worker(rank, world_size, *args)` is a top-level function of an importable module; arguments and
-result must pickle (a script calling this needs the `if __name__ == "__main__":` guard: each rank imports it).
-`tasks_worker` runs several (worker, args) in ONE group. Several machines: `common.parallel.torchrun`.
-
-Torch launches: `torch.multiprocessing.start_processes` forks the ranks from multiprocessing's fork server (which
-imports torch once: a rank starts in milliseconds), `ProcessContext.join` sees a rank fail and stops its peers.
-Added here, only what torch lacks: results by rank, and the first failure's exception and traceback, through a
-`TCPStore` the parent opens on port 0 (no race for a port), reported before `destroy_process_group`; each rank's
-stdout and stderr, in the error or in `Results.output`; `PR_SET_PDEATHSIG` with SIGKILL (torch asks for SIGINT,
-which a rank blocked in a collective never handles), so a killed notebook kernel -- and so its fork server -- leaves
-no rank; each rank leads its own process group, so its children (compile, DataLoader workers) die with it and a
-terminal's Ctrl-C reaches the parent only; a time limit. Whatever the way out, each group is killed and joined."""
+"""Run a torch.distributed worker on processes of this machine, get each rank's result, leave nothing behind:
+`run_workers(worker, 2, args=(...,), backend="gloo", timeout=120)` is [rank 0's result, rank 1's], `.output` what
+each printed; `worker(rank, world_size, *args)` is a top-level function of an importable module, arguments and result
+pickle (a script calling this needs `if __name__ == "__main__":`). `tasks_worker` runs several (worker, args) in ONE
+group. Several machines: `common.parallel.torchrun`. Torch launches: `torch.multiprocessing.start_processes` forks
+the ranks from multiprocessing's fork server (it imports torch once: a rank starts in milliseconds) and
+`ProcessContext.join` sees one fail. Added, what torch lacks: results and the first failure (exception, traceback,
+output) through a `TCPStore` the parent opens on port 0, reported before `destroy_process_group`; `PR_SET_PDEATHSIG`
+with SIGKILL (torch asks for SIGINT, which a rank blocked in a collective never handles): a killed kernel, and so its
+fork server, leaves no rank; each rank leads a process group, so its children (compile, DataLoader workers) die with
+it and a terminal's Ctrl-C reaches only the parent; a time limit. Whatever the way out, every group is killed and
+waited for before `run_workers` returns."""
 from __future__ import annotations
 
 import contextlib
@@ -37,7 +35,6 @@ last_run: dict = {}  # the latest run in this process: port, pids (for checks th
 
 class WorkerError(RuntimeError):
     """A worker failed; `rank`, `exc_type`, `worker_traceback` and `output` (what it printed) say where and how."""
-
     def __init__(self, message: str, rank: int, exc_type: str = "", worker_traceback: str = "", output: str = ""):
         super().__init__(message)
         self.rank, self.exc_type, self.worker_traceback, self.output = rank, exc_type, worker_traceback, output
@@ -45,7 +42,6 @@ class WorkerError(RuntimeError):
 
 class Results(list):
     """The workers' return values by rank; `output[rank]` is what that rank wrote to stdout and stderr."""
-    output: list
 
 
 def tasks_worker(rank: int, world_size: int, tasks: Sequence) -> list:
@@ -58,8 +54,7 @@ def tasks_worker(rank: int, world_size: int, tasks: Sequence) -> list:
     return out
 
 
-def _entry(rank: int, world_size: int, backend: str, port: int, timeout: float, payload: bytes, logs: str,
-           environ: dict) -> None:
+def _entry(rank, world_size, backend, port, timeout, payload: bytes, logs: str, environ: dict) -> None:
     """One rank (torch's wrapper calls it): report ("ok", value) or ("error", ...) under result/<rank>."""
     import torch
     import torch.distributed as dist
@@ -85,10 +80,9 @@ def _entry(rank: int, world_size: int, backend: str, port: int, timeout: float, 
         sys.stdout.flush()
         store.set(f"result/{rank}", value)
     except BaseException as exc:  # KeyboardInterrupt too; then exit at once, not waiting for peers that may be stuck
-        try:
+        blob = None
+        with contextlib.suppress(Exception):
             blob = pickle.dumps(exc)
-        except Exception:
-            blob = None
         info = (type(exc).__name__, str(exc), traceback.format_exc(), blob, time.time())
         store.set(f"result/{rank}", pickle.dumps(("error", info)))
         sys.stdout.flush(), sys.stderr.flush()
@@ -121,38 +115,44 @@ def _failure(store, logs: str, world_size: int, exc) -> WorkerError:
     errors = {r: info for r, (status, info) in enumerate(reports) if status == "error"}
     r = min(errors, key=lambda k: errors[k][4]) if errors else getattr(exc, "error_index", 0)
     etype, message, tb, blob, _ = errors.get(r, ("", "", "", None, 0))
-    if errors:
-        text = f"rank {r} of {world_size} raised {etype}: {message}\n--- traceback in rank {r} ---\n{tb.rstrip()}"
-    else:
-        how = f"was killed by {exc.signal_name}" if getattr(exc, "signal_name", None) else \
-            f"exited with code {getattr(exc, 'exit_code', 0)}"
-        text = f"rank {r} of {world_size} {how} without reporting a result (out of memory? killed?)"
+    how = f"was killed by {exc.signal_name}" if getattr(exc, "signal_name", None) else \
+        f"exited with code {getattr(exc, 'exit_code', 0)}"
+    text = (f"rank {r} of {world_size} raised {etype}: {message}\n--- traceback in rank {r} ---\n{tb.rstrip()}"
+            if errors else f"rank {r} of {world_size} {how} without reporting a result (out of memory? killed?)")
     out = _read(logs, r)
     err = WorkerError(text + (f"\n--- last output of rank {r} ---\n{out[-2000:].strip()}" if out.strip() else ""),
                       r, etype, tb, out)
-    try:
+    with contextlib.suppress(Exception):  # the exception's class may not import here: the text says it all
         err.__cause__ = pickle.loads(blob) if blob else None
-    except Exception:  # the exception's class does not import here: the text says it all
-        pass
     return err
 
 
 def _kill(ctx) -> None:
-    """SIGKILL every worker's process group (the worker and its children), then the worker itself; join them."""
+    """SIGKILL every worker's process group (the worker and its children, orphaned ones too) and the worker; join
+    them, and wait (10 s at most) until no member of those groups is alive -- a zombie is not."""
+    import psutil
+    groups, deadline = [p.pid for p in ctx.processes] if ctx else [], time.monotonic() + 10
     for p in ctx.processes if ctx else ():
         for kill in (os.killpg, os.kill):
             with contextlib.suppress(OSError):  # no such group (not made yet) or process (gone already)
                 kill(p.pid, signal.SIGKILL)
         p.join(10)
+    while time.monotonic() < deadline and any(_member(q, groups) for q in psutil.process_iter(["status"])):
+        time.sleep(0.01)
+
+
+def _member(proc, groups: list) -> bool:
+    with contextlib.suppress(Exception):  # gone meanwhile, or not ours to look at
+        return proc.info["status"] != "zombie" and os.getpgid(proc.pid) in groups
+    return False
 
 
 def run_workers(worker: Callable, world_size: int, args: Sequence = (), backend: str | None = None,
                 timeout: float = 120) -> Results:
     """Run `worker(rank, world_size, *args)` on `world_size` processes of one process group; results by rank.
-
-    backend: None picks NCCL on GPUs and gloo on a CPU. timeout: seconds for the whole run, start-up included.
-    Raises ValueError (before any process starts) for what this machine cannot run, WorkerError when a rank fails,
-    TimeoutError past `timeout`; in every case no process is left."""
+    backend: None picks NCCL on GPUs, gloo on a CPU. timeout: seconds for the whole run. Raises ValueError (before
+    any process starts) for what this machine cannot run, WorkerError when a rank fails, TimeoutError past `timeout`;
+    in every case no process is left."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
     backend = check_backend(backend)
