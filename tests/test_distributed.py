@@ -1,87 +1,153 @@
-"""The process launcher: results by rank, errors with rank and traceback, timeouts, interrupts, no leftovers."""
+"""The launcher: results by rank, errors with rank, traceback and output, and no process left -- no worker and no
+worker's child -- after a success, a crash, a timeout, an interrupt or the parent's death (processes are counted)."""
 import _thread
+import glob
 import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
+import uuid
+from pathlib import Path
 
 import psutil
 import pytest
 import torch.distributed  # noqa: F401  (imported here, so an interrupt in a test lands in the run, not in this import)
+import workers as W
 
+from common.core.env import REPO_ROOT
 from common.parallel import distributed as D
+from common.parallel import torchrun
 
 
-def _assert_nothing_left():
+def _alive(pids) -> list:
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def _with_marker(marker: str) -> list:
+    """Live processes whose command line ends with `marker`: the workers' children (`workers.parent_worker`)."""
+    return [p.pid for p in psutil.process_iter(["cmdline", "status"])
+            if p.info["status"] != psutil.STATUS_ZOMBIE and (p.info["cmdline"] or [""])[-1] == marker]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((D.HOST, port)) == 0
+
+
+def _nothing_left(marker: str | None = None, started: bool = True):
     pids = D.last_run.get("pids", [])
     assert pids, "run_workers did not record its processes"
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"worker processes left behind: {alive}"
-    assert not D.port_in_use(D.last_run["port"]), "the rendezvous port is still open"
+    assert not _alive(pids), f"worker processes left behind: {_alive(pids)}"
+    if marker:
+        children = [int(Path(f).read_text()) for f in glob.glob(f"{marker}.*")]
+        assert not started or len(children) == len(pids), "the workers' children were not started: nothing tested"
+        assert not _alive(children) and not _with_marker(marker), f"children of the workers left: {_alive(children)}"
+    assert not _port_open(D.last_run["port"]), "the rendezvous port is still open"
 
 
-def test_results_by_rank_and_allreduce():
-    out = D.run_workers(D.hello_worker, 3, backend="gloo")
+@pytest.fixture
+def marker(tmp_path) -> str:
+    """A unique path: the workers' children carry it on their command line and write their pids next to it."""
+    return str(tmp_path / f"child-{uuid.uuid4().hex}")
+
+
+def test_results_by_rank_with_their_output():
+    out = D.run_workers(W.hello_worker, 3, backend="gloo")
     assert [o["rank"] for o in out] == [0, 1, 2]
     assert all(o["sum"] == 6.0 and o["world_size"] == 3 and o["backend"] == "gloo" for o in out)
     assert len({o["pid"] for o in out}) == 3
-    _assert_nothing_left()
+    assert [line.strip() for line in out.output] == [f"hello from rank {r}" for r in range(3)]
+    _nothing_left()
 
 
-def test_worker_exception_names_rank_and_traceback():
+def test_worker_exception_names_rank_traceback_and_output():
     with pytest.raises(D.WorkerError, match=r"rank 2 of 3 raised ValueError: bad input on rank 2") as info:
-        D.run_workers(D.failing_worker, 3, args=(2, "bad input on rank 2"), backend="gloo", timeout=60)
-    assert info.value.rank == 2 and info.value.exc_type == "ValueError"
-    assert "failing_worker" in str(info.value) and "Traceback" in info.value.worker_traceback
-    assert isinstance(info.value.__cause__, ValueError)
-    _assert_nothing_left()
+        D.run_workers(W.failing_worker, 3, args=(2, "bad input on rank 2"), backend="gloo", timeout=60)
+    err = info.value
+    assert err.rank == 2 and err.exc_type == "ValueError" and isinstance(err.__cause__, ValueError)
+    assert "failing_worker" in str(err) and "Traceback" in err.worker_traceback
+    assert "rank 2 is about to fail" in err.output and "rank 2 is about to fail" in str(err)
+    _nothing_left()
 
 
-def test_worker_that_dies_silently_is_reported():
-    with pytest.raises(D.WorkerError, match=r"rank 1 of 2 exited with code 7 without reporting"):
-        D.run_workers(D.exiting_worker, 2, args=(1, 7), backend="gloo", timeout=60)
-    _assert_nothing_left()
+def test_a_crash_kills_the_workers_and_their_children(marker):
+    with pytest.raises(D.WorkerError, match=r"rank 0 of 2 exited with code 9 without reporting"):
+        D.run_workers(W.parent_worker, 2, args=(marker, "crash"), backend="gloo", timeout=60)
+    _nothing_left(marker)
 
 
-def test_timeout_stops_everything():
-    with pytest.raises(TimeoutError, match=r"did not finish within timeout=4 s"):
-        D.run_workers(D.sleeping_worker, 2, args=(60,), backend="gloo", timeout=4)
-    _assert_nothing_left()
+def test_timeout_stops_everything(marker):
+    with pytest.raises(TimeoutError, match=r"did not finish within timeout=8 s"):
+        D.run_workers(W.parent_worker, 2, args=(marker, "sleep"), backend="gloo", timeout=8)
+    _nothing_left(marker)
 
 
-def _interrupted_run(after_s: float) -> None:
-    """A run of sleeping workers interrupted (KeyboardInterrupt, the notebook's stop button) after `after_s`.
-    Python's own SIGINT handler is put in place first: `interrupt_main` does nothing while SIGINT is ignored, and an
-    earlier test in the same process (a library that starts helper processes) may have left it so."""
+def _interrupted_run(after_s: float, marker: str, started: bool = True) -> None:
+    """A run interrupted (KeyboardInterrupt, the notebook's stop button) after `after_s`. Python's own SIGINT handler
+    is put in place first: `interrupt_main` does nothing while SIGINT is ignored, as an earlier test may leave it."""
     saved = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(after_s, _thread.interrupt_main)
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            D.run_workers(D.sleeping_worker, 2, args=(60,), backend="gloo", timeout=60)
+            D.run_workers(W.parent_worker, 2, args=(marker, "sleep"), backend="gloo", timeout=60)
     finally:
         timer.cancel()
         signal.signal(signal.SIGINT, saved)
-    _assert_nothing_left()
+    _nothing_left(marker, started)
 
 
-def test_keyboard_interrupt_stops_everything():
-    _interrupted_run(4.0)
+def test_keyboard_interrupt_stops_everything(marker):
+    _interrupted_run(6.0, marker)
 
 
-@pytest.mark.parametrize("ws, match", [(0, r"world_size=0 must be at least 1"),
-                                       (-2, r"world_size=-2 must be at least 1"),
-                                       (2.0, r"world_size=2.0 must be a whole number"),
+def test_interrupt_while_ranks_start_stops_everything(marker):
+    _interrupted_run(0.05, marker, started=False)  # before the ranks have even started
+
+
+def test_a_killed_parent_takes_its_ranks_with_it(marker):
+    """PR_SET_PDEATHSIG: the parent (a notebook kernel) killed with SIGKILL; its ranks must not outlive it."""
+    code = (f"import sys; sys.path[:0] = [{str(REPO_ROOT)!r}, {str(REPO_ROOT / 'tests')!r}]\n"
+            f"import workers\nfrom common.parallel.distributed import run_workers\n"
+            f"run_workers(workers.parent_worker, 2, args=({marker!r}, 'sleep'), backend='gloo', timeout=120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 90
+        while len(_with_marker(marker)) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.2)
+        children = _with_marker(marker)
+        assert len(children) == 2, "the ranks did not start"
+        ranks = [psutil.Process(c).ppid() for c in children]
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 15
+        while _alive(ranks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(ranks), f"ranks {_alive(ranks)} outlived their killed parent"
+    finally:
+        parent.kill()
+        for pid in _with_marker(marker):  # the ranks' own children are orphaned, not killed: tidy up
+            psutil.Process(pid).kill()
+
+
+@pytest.mark.parametrize("ws, match", [(0, r"world_size=0 must be an integer >= 1"),
+                                       (-2, r"world_size=-2 must be an integer >= 1"),
+                                       (2.0, r"world_size=2.0 must be an integer >= 1"),
                                        (10**4, r"world_size=10000 is more than this machine can run with gloo: "
                                                r"at most \d+")])
 def test_bad_world_size(ws, match):
     with pytest.raises(ValueError, match=match):
-        D.run_workers(D.hello_worker, ws, backend="gloo")
+        D.run_workers(W.hello_worker, ws, backend="gloo")
 
 
 def test_bad_backend_and_timeout_and_worker():
     with pytest.raises(ValueError, match=r"backend='mpi' is not supported"):
-        D.run_workers(D.hello_worker, 2, backend="mpi")
+        D.run_workers(W.hello_worker, 2, backend="mpi")
     with pytest.raises(ValueError, match=r"timeout=0 must be a finite number > 0 \(seconds\)"):
-        D.run_workers(D.hello_worker, 2, backend="gloo", timeout=0)
+        D.run_workers(W.hello_worker, 2, backend="gloo", timeout=0)
     with pytest.raises(ValueError, match=r"cannot import it"):
         D.run_workers(lambda rank, ws: rank, 2, backend="gloo")
 
@@ -93,39 +159,30 @@ def test_bad_backend_and_timeout_and_worker():
 
 def test_nccl_without_gpu_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("WORKBOOK_FORCE_CPU", "1")
-    assert D.default_backend() == "gloo"
+    assert D.check_backend(None) == "gloo"
     with pytest.raises(ValueError, match=r"backend='nccl' needs CUDA GPUs"):
         D.check_world_size(2, "nccl")
 
 
-def test_limits_and_ports():
-    assert D.max_world_size("gloo") >= 4
-    p = D.free_port()
-    assert 0 < p < 65536 and not D.port_in_use(p)
-
-
-def test_torchrun_command():
-    assert D.torchrun_command("common.parallel.collectives", 2) == \
-        "torchrun --standalone --nproc-per-node=2 -m common.parallel.collectives"
-    cmd = D.torchrun_command("common.parallel.collectives", 8, nnodes=2, rdzv_endpoint="node0:29500")
-    assert "--nnodes=2" in cmd and "--rdzv-endpoint=node0:29500" in cmd and "--nproc-per-node=8" in cmd
-    with pytest.raises(ValueError, match="nproc_per_node=0"):
-        D.torchrun_command("x", 0)
-
-
-def test_tasks_worker_runs_several_workers_in_one_group():
-    out = D.run_workers(D.tasks_worker, 2, args=([(D.hello_worker, ()), (D.hello_worker, ())],), backend="gloo")
-    assert [len(r) for r in out] == [2, 2]
+def test_tasks_worker_runs_several_workers_in_one_group_and_a_success_leaves_no_child(marker):
+    tasks = [(W.hello_worker, ()), (W.hello_worker, ()), (W.parent_worker, (marker, "return"))]
+    out = D.run_workers(D.tasks_worker, 2, args=(tasks,), backend="gloo")
+    assert [len(r) for r in out] == [3, 3] and [r[2] for r in out] == [0, 1]
     assert all(r[0]["pid"] == r[1]["pid"] and r[0]["sum"] == r[1]["sum"] == 3.0 for r in out)  # same processes
-    _assert_nothing_left()
+    _nothing_left(marker)
 
 
 def test_a_failing_task_stops_everything():
-    tasks = [(D.hello_worker, ()), (D.failing_worker, (0, "second task fails on rank 0"))]
+    tasks = [(W.hello_worker, ()), (W.failing_worker, (0, "second task fails on rank 0"))]
     with pytest.raises(D.WorkerError, match=r"rank 0 of 2 raised ValueError: second task fails on rank 0"):
         D.run_workers(D.tasks_worker, 2, args=(tasks,), backend="gloo", timeout=60)
-    _assert_nothing_left()
+    _nothing_left()
 
 
-def test_interrupt_while_ranks_start_stops_everything():
-    _interrupted_run(0.5)  # before the ranks have even imported torch
+def test_torchrun_command():
+    assert torchrun.command("common.parallel.collectives", 2) == \
+        "torchrun --standalone --nproc-per-node=2 -m common.parallel.collectives"
+    cmd = torchrun.command("common.parallel.collectives", 8, nnodes=2, rdzv_endpoint="node0:29500")
+    assert "--nnodes=2" in cmd and "--rdzv-endpoint=node0:29500" in cmd and "--nproc-per-node=8" in cmd
+    with pytest.raises(ValueError, match="nproc_per_node=0"):
+        torchrun.command("x", 0)

@@ -200,5 +200,6 @@ def test_calling_the_reference_is_caught():
         return f.alpha_s, f.bandwidth_Bps
     with pytest.raises(CheckFailed, match=r"called common.parallel.collectives.fit.fit_alpha_beta, the reference"):
         lab07.check_fit_alpha_beta(fit_via_reference)
-    with pytest.raises(CheckFailed, match=r"called common.parallel.expert_parallel.node_send_counts, the reference"):
+    with pytest.raises(CheckFailed,
+                       match=r"called common.parallel.expert_parallel.config.node_send_counts, the reference"):
         lab07.check_send_counts(EP.node_send_counts)

@@ -2,6 +2,7 @@
 import psutil
 import pytest
 import torch
+import workers as W
 
 from common.moe import moe
 from common.parallel import distributed as D
@@ -9,8 +10,9 @@ from common.parallel import expert_parallel as EP
 
 
 def _nothing_left():
-    alive = [p for p in D.last_run["pids"] if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert not alive and not D.port_in_use(D.last_run["port"])
+    alive = [p for p in D.last_run["pids"]
+             if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive
 
 
 @pytest.mark.parametrize("cfg, ws, match", [
@@ -25,7 +27,7 @@ def _nothing_left():
 def test_bad_input_before_any_process(cfg, ws, match):
     D.last_run.clear()
     with pytest.raises(ValueError, match=match):
-        EP.run(cfg, ws, backend="gloo")
+        EP.measure(cfg, ws, backend="gloo")
     assert not D.last_run, "a process group was started before the input was checked"
 
 
@@ -56,16 +58,42 @@ def test_send_counts():
     assert EP.node_send_counts(idx, 8, 4, 1, 0) == [1, 2, 2, 2]  # one rank per node: per-rank de-duplication
 
 
-def test_two_ranks_match_the_single_process_layer():
+def test_two_ranks_match_the_single_process_layer_and_record_the_splits_they_sent():
     cfg = EP.EPConfig(tokens=256, hidden=128, intermediate=32, num_experts=16, top_k=4, n_group=4, topk_group=2)
-    out = EP.run(cfg, 2, backend="gloo", repeats=2)
+    tasks = [EP.ep_task(cfg, 2, "gloo", repeats=2), (W.broken_ep_worker, (cfg.to_dict(),))]
+    per_rank = D.run_workers(D.tasks_worker, 2, args=(tasks,), backend="gloo", timeout=180)
     _nothing_left()
+    out = EP.summarize([r[0] for r in per_rank], cfg)
     for v in EP.VARIANTS:
         s = out["variants"][v]
         assert s["max_abs_err"] < 1e-5, (v, s["max_abs_err"])
         assert s["bytes_ratio"] == pytest.approx(1.0, abs=1e-12) and s["ib"] > 0
         assert s["seconds"] > 0
     assert 0.3 < out["dedup_bytes_saving"] < 1
+    for rank, (good, broken) in enumerate(per_rank):
+        right = EP.node_send_counts(good["indices"], cfg.num_experts, 2, 1, rank)
+        assert good["variants"]["node_aware"]["send_counts"] == right
+        assert good["variants"]["flat"]["send_counts"] == EP.flat_send_counts(good["indices"], cfg.num_experts, 2)
+        # a layer that forgets a token: the recorded split list is what it sent, so the mismatch shows (the old
+        # record recomputed node_send_counts from the routing and would have equalled `right`)
+        sent = broken["variants"]["node_aware"]["send_counts"]
+        assert sent != right and sum(right) - sum(sent) == len(set(EP.config.node_of_expert(
+            good["indices"][:1], cfg.num_experts, 2, 1).flatten().tolist()))
+        first = next(c for c in broken["variants"]["node_aware"]["calls"] if c["name"] == "dispatch_ib")
+        assert first["peers"] == [0, 1] and first["send_counts"] == sent
+
+
+def test_each_hop_pays_only_its_own_group():
+    """One rank per node: the in-node hop's group is the rank alone, so the model charges it no latency; with the
+    world group (the old way) it would pay (p-1) alpha for sending to itself."""
+    def call(peers, nbytes):
+        return {"peers": peers, "sent": nbytes, "recv": nbytes}
+    ranks = [[call([0, 1], 0), call([r], 0)] for r in range(2)]  # a cross-node call, then an in-node one
+    assert EP.predict_seconds(ranks, 1e-3, 1e9) == pytest.approx(1e-3)
+    world = [[call([0, 1], 0), call([0, 1], 0)] for _ in range(2)]
+    assert EP.predict_seconds(world, 1e-3, 1e9) == pytest.approx(2e-3)
+    assert EP.hop_lists(4, 2) == {"ib": [[0, 2], [1, 3]], "nvlink": [[0, 1], [2, 3]]}
+    assert EP.hop_lists(2, 1) == {"ib": [[0, 1]], "nvlink": [[0], [1]]}
 
 
 def test_four_ranks_two_nodes_fp8_and_nvlink_hop():
@@ -84,6 +112,10 @@ def test_four_ranks_two_nodes_fp8_and_nvlink_hop():
         rel = b["variants"][v]["max_abs_err"] / b["variants"][v]["ref_max_abs"]
         assert 1e-4 < rel < 0.1, (v, rel)  # FP8 dispatch + BF16 combine: a few percent, not zero
     assert a["variants"]["node_aware"]["nvlink"] > 0  # the in-node hop really moved rows
+    calls = per_rank[0][0]["variants"]["node_aware"]["calls"]
+    assert [(c["name"], c["hop"], c["peers"]) for c in calls if c["name"] != "counts"] == [
+        ("dispatch_ib", "ib", [0, 2]), ("dispatch_nvlink", "nvlink", [0, 1]), ("combine_nvlink", "nvlink", [0, 1]),
+        ("combine_ib", "ib", [0, 2])]  # each hop on its own subgroup
     # FP8 + scales then BF16 is (1 + 4/128 + 2) / (4 + 4) of the fp32 payload
     ratio = b["variants"]["flat"]["ib"] / a["variants"]["flat"]["ib"]
     assert ratio == pytest.approx((128 + 4 + 256) / (512 + 512))

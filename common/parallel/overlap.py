@@ -12,8 +12,9 @@ The measurement. `cpu_overlap_worker` (run with `common.parallel.distributed.run
 all-reduce, the two serialised, and the two overlapped (the all-reduce launched asynchronously, the matmul run while
 it is in flight), each timed in turns with the others. `cuda_stream_overlap` does the same on one GPU with two CUDA
 streams: a matmul on one and a device-to-host copy (the PCIe copy engine standing in for the network) on the other.
-Speedup = (a + b) / overlapped, the serial baseline being the sum of the parts timed alone the same way; the ideal is (a + b) / max(a, b). `common.parallel.ddp_overlap` does the same for a data-parallel
-training step (bucketed all-reduce overlapped with the backward pass).
+Speedup = (a + b) / overlapped, the serial baseline being the sum of the parts timed alone the same way; the ideal
+is (a + b) / max(a, b). `common.parallel.ddp_overlap` does the same for a data-parallel training step (bucketed
+all-reduce overlapped with the backward pass).
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import itertools
 import statistics
 import time
 from dataclasses import dataclass
+
+from common.core.validate import whole
 
 COMPUTE, COMM = "compute", "comm"
 
@@ -218,9 +221,8 @@ def cpu_overlap_worker(rank: int, world_size: int, matmul_n: int = 384, allreduc
     """
     import torch
     import torch.distributed as dist
-    if matmul_n < 1 or allreduce_elements < 1 or repeats < 1:
-        raise ValueError(f"matmul_n={matmul_n}, allreduce_elements={allreduce_elements}, repeats={repeats}: "
-                         f"all must be >= 1")
+    for name, v in (("matmul_n", matmul_n), ("allreduce_elements", allreduce_elements), ("repeats", repeats)):
+        whole(name, v)
     torch.set_num_threads(threads)
     a = torch.randn(matmul_n, matmul_n)
     b = torch.randn(matmul_n, matmul_n)
@@ -254,7 +256,7 @@ def cpu_overlap_worker(rank: int, world_size: int, matmul_n: int = 384, allreduc
 
 def measure_cpu_overlap(world_size: int = 2, matmul_n: int = 384, allreduce_elements: int = 2**21,
                         repeats: int = 7, timeout: float = 120) -> dict:
-    """Spawn `world_size` gloo ranks (common.parallel.distributed.run_workers); the slowest rank's medians and speedups."""
+    """`world_size` gloo ranks (common.parallel.distributed.run_workers): the slowest rank's medians, and speedups."""
     from common.parallel.distributed import run_workers
     per_rank = run_workers(cpu_overlap_worker, world_size, args=(matmul_n, allreduce_elements, repeats),
                            backend="gloo", timeout=timeout)

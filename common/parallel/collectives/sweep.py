@@ -3,12 +3,12 @@ message sizes for one or several collectives (`sweep_worker`); `Sweep` holds the
 busbw) and fits the model. Several machines: `torchrun ... -m common.parallel.collectives` (`main`)."""
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from common.core.validate import whole
 from common.parallel.collectives.cost_model import COLLECTIVES, DTYPE_BYTES, algbw, busbw, check_bytes, check_collective
 from common.parallel.collectives.fit import Fit, fit_alpha_beta
 
@@ -37,7 +37,7 @@ def sweep_worker(rank: int, world_size: int, collectives: Sequence[str], sizes_b
     import torch
     import torch.distributed as dist
 
-    from common.parallel.distributed import synchronize, worker_device
+    from common.parallel.ranks import synchronize, worker_device
 
     device = worker_device()
     tdtype = getattr(torch, dtype)
@@ -156,11 +156,8 @@ def sweep_task(sizes_bytes: Sequence[float], world_size: int, collectives: Seque
         check_collective(c)
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype={dtype!r} is not supported; allowed: {', '.join(DTYPE_BYTES)}")
-    if not (isinstance(repeats, int) and repeats >= 1):
-        raise ValueError(f"repeats={repeats!r} must be an int >= 1")
-    if not (isinstance(max_iters, int) and max_iters >= 1):
-        raise ValueError(f"max_iters={max_iters!r} must be an int >= 1")
-    backend = distributed._check_backend(backend)
+    whole("repeats", repeats)
+    whole("max_iters", max_iters)
     distributed.check_world_size(world_size, backend)
     return sweep_worker, (list(collectives), list(sizes_bytes), repeats, warmup, dtype, target_bytes, max_iters)
 
@@ -172,7 +169,7 @@ def measure(sizes_bytes: Sequence[float], world_size: int, collectives: Sequence
     from common.parallel import distributed
     worker, args = sweep_task(sizes_bytes, world_size, collectives, backend, repeats, warmup, dtype, target_bytes,
                               max_iters)
-    backend = distributed._check_backend(backend)
+    backend = distributed.check_backend(backend)
     return combine(distributed.run_workers(worker, world_size, args=args, backend=backend, timeout=timeout), backend)
 
 
@@ -189,29 +186,32 @@ def log_sizes(lo: int, hi: int, factor: int = 4) -> list:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Sweep under torchrun (one process per GPU on every node) and print an nccl-tests-like table on rank 0."""
-    import torch.distributed as dist
-
-    from common.parallel import distributed
-    ap = argparse.ArgumentParser(description="Collective bandwidth sweep (run under torchrun)")
+    """`torchrun ... -m common.parallel.collectives`: the sweep on every rank (one process per GPU on every node);
+    rank 0 prints an nccl-tests-like table and the alpha-beta fit and, for all_reduce, records
+    collectives.fit.alpha_us and collectives.fit.beta_gbps (fitted on each size's fastest repeat, as lab 07 does)."""
+    from common.core import results
+    from common.parallel import torchrun
+    ap = torchrun.parser("Collective bandwidth sweep")
     ap.add_argument("--collective", default="all_reduce", choices=COLLECTIVES)
     ap.add_argument("--min-bytes", type=int, default=2**10)
     ap.add_argument("--max-bytes", type=int, default=2**28)
     ap.add_argument("--factor", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPE_BYTES))
-    ap.add_argument("--backend", default=None, choices=distributed.BACKENDS)
     a = ap.parse_args(argv)
-    rank, world = distributed.init_from_env(a.backend)
-    try:
-        mine = sweep_worker(rank, world, [a.collective], log_sizes(a.min_bytes, a.max_bytes, a.factor), a.repeats,
-                            dtype=a.dtype)
-        gathered = [None] * world if rank == 0 else None
-        dist.gather_object(mine, gathered, dst=0)
-        if rank == 0:
-            sweep = combine(gathered, dist.get_backend())[a.collective]
-            print(f"# {a.collective}, {world} ranks, backend {sweep.backend}, dtype {a.dtype}")
-            print(sweep.table().to_string(float_format=lambda v: f"{v:.3f}"))
-            print(f"# fit: {sweep.fit()}")
-    finally:
-        dist.destroy_process_group()
+    worker, args = sweep_task(log_sizes(a.min_bytes, a.max_bytes, a.factor), torchrun.world_size(), [a.collective],
+                              a.backend, a.repeats, dtype=a.dtype)
+
+    def report(per_rank):
+        import torch.distributed as dist
+        sweep = combine(per_rank, dist.get_backend())[a.collective]
+        fit = sweep.fit("fastest")
+        print(f"# {a.collective}, {sweep.p} ranks, backend {sweep.backend}, dtype {a.dtype}")
+        print(sweep.table().to_string(float_format=lambda v: f"{v:.3f}"))
+        print(f"# fit (fastest repeats): {fit}")
+        if a.collective == "all_reduce":
+            results.record("collectives.fit.alpha_us", fit.alpha_us, "us", higher_is_better=False,
+                           note=f"{sweep.backend}, {fit.p} ranks, ring all-reduce model (torchrun)")
+            results.record("collectives.fit.beta_gbps", fit.beta_gbps, "GB/s", higher_is_better=True,
+                           note=f"{sweep.backend}, {fit.p} ranks, bus bandwidth of the fitted model (torchrun)")
+    torchrun.main("07_collectives", worker, args, report, a.backend)

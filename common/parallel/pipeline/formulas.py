@@ -2,8 +2,8 @@
 DualPipe's simulated bubble leaves its formula (`dualpipe_gap_rule`, `dualpipe_formula_sweep`)."""
 from __future__ import annotations
 
-from common.parallel.pipeline.schedules import INTERLEAVED, SCHEDULES, Durations, _check_pp
-from common.parallel.pipeline.simulator import run
+from common.parallel.pipeline.schedules import INTERLEAVED, SCHEDULES, Durations, _check_pp, build
+from common.parallel.pipeline.simulator import bubble_max_over, run
 
 
 def bubble_formula(name: str, pp: int, durations: Durations | None = None, virtual_stages: int = 2) -> float:
@@ -88,7 +88,8 @@ def readme_table(pp_values=(4, 8, 16), micro_batch_values=(20, 64), durations: D
 def dualpipe_gap_rule(F: float, B: float, W: float) -> int:
     """Where DualPipe's simulated worst-rank bubble lands against its README formula, as the sweep of
     `dualpipe_formula_sweep` shows it: +1 above when the input-gradient backward is shorter than the forward
-    (B - W < F) or the weight passes are long (3W >= 2B - F, strictly when B - W = F); 0 on the formula when B - W = F; -1 below otherwise.
+    (B - W < F) or the weight passes are long (3W >= 2B - F, strictly when B - W = F); 0 on the formula when
+    B - W = F; -1 below otherwise.
     (A rule read off the simulator, not a theorem: `dualpipe_formula_sweep` counts the points it gets wrong.)"""
     bi, eps = B - W, 1e-9 * max(F, B)
     if abs(bi - F) <= eps:
@@ -104,14 +105,12 @@ def dualpipe_formula_sweep(pp_values=(4, 8, 16), B_values=None, W_values=None, F
     B_values = B_values if B_values is not None else [F * x / 4 for x in range(2, 17)]
     W_values = W_values if W_values is not None else [F * x / 4 for x in range(1, 16)]
     rows = []
-    for pp in pp_values:
-        for B in B_values:
-            for W in W_values:
-                if not W < B:
-                    continue
-                d = Durations(F, B, W)
-                gap = run("dualpipe", pp, micro_batches_per_pp * pp, d).bubble_max - bubble_formula("dualpipe", pp, d)
-                gap = 0.0 if abs(gap) < 1e-9 else gap
-                rows.append({"PP": pp, "F": F, "B": B, "W": W, "sim - formula": gap,
-                             "sign": (gap > 0) - (gap < 0), "rule": dualpipe_gap_rule(F, B, W)})
+    grid = [(B, W) for B in B_values for W in W_values if W < B]
+    for pp in pp_values:  # one schedule per PP, every (B, W) simulated together
+        sims = bubble_max_over(build("dualpipe", pp, micro_batches_per_pp * pp), [Durations(F, B, W) for B, W in grid])
+        for (B, W), sim in zip(grid, sims):
+            gap = sim - bubble_formula("dualpipe", pp, Durations(F, B, W))
+            gap = 0.0 if abs(gap) < 1e-9 else gap
+            rows.append({"PP": pp, "F": F, "B": B, "W": W, "sim - formula": gap,
+                         "sign": (gap > 0) - (gap < 0), "rule": dualpipe_gap_rule(F, B, W)})
     return pd.DataFrame(rows)

@@ -138,42 +138,54 @@ def simulate(schedule: Schedule, durations: Durations | None = None, check: bool
         raise ValueError(f"durations={durations!r} is not a Durations(F, B, W, FB, comm)")
     if check:
         validate(schedule)
-    stages, comm, placement = schedule.stages, dur.comm, schedule.placement
-    n_dev, m = len(schedule.ops), schedule.micro_batches
-    op_time = {k: dur.of(k) for k in ("F", "B", "Bi", "W", "FB")}
+    return run_compiled(schedule, compile_plans(schedule), dur)
 
-    # Compile every op to (duration, keys it needs, keys it produces, kind, forwards, backwards); a key is an int
-    # naming (class, direction, stage, micro_batch), class 0 = forward done, 1 = input gradient done, 2 = weights done.
+
+def compile_plans(schedule: Schedule) -> list:
+    """Every op of every device as (kind, needs, makes, forwards, backwards): what it waits for -- (key, whether
+    it comes from another device) -- and the keys it produces; a key is an int naming (class, direction, stage,
+    micro_batch), class 0 = forward done, 1 = input gradient done, 2 = weights done. A sweep over durations
+    compiles a schedule once (`run_compiled`)."""
+    stages, placement, m = schedule.stages, schedule.placement, schedule.micro_batches
     C = 2 * stages * m
     dev_of = {d * stages + st: dev for (d, st), dev in placement.items()}
     plans = []
     for dev, ops in enumerate(schedule.ops):
         plan = []
         for op in ops:
-            needs, makes = [], []   # needs: (key, transfer delay); makes: keys
+            needs, makes = [], []
             nf = nb = 0
             for kind, d, st, j in op:
                 row = d * stages + st
                 base = row * m + j
                 if kind == "F":
                     if st > 0:
-                        needs.append((base - m, comm if dev_of[row - 1] != dev else 0.0))
+                        needs.append((base - m, dev_of[row - 1] != dev))
                     makes.append(base)
                     nf += 1
                 elif kind == "W":
-                    needs.append((C + base, 0.0))
+                    needs.append((C + base, False))
                     makes.append(2 * C + base)
                 else:
-                    needs.append((base, 0.0))
+                    needs.append((base, False))
                     if st < stages - 1:
-                        needs.append((C + base + m, comm if dev_of[row + 1] != dev else 0.0))
+                        needs.append((C + base + m, dev_of[row + 1] != dev))
                     makes.append(C + base)
                     if kind == "B":
                         makes.append(2 * C + base)
                     nb += 1
-            kind = "FB" if len(op) == 2 else op[0][0]
-            plan.append((op_time[kind], needs, makes, kind, nf, nb))
+            plan.append(("FB" if len(op) == 2 else op[0][0], needs, makes, nf, nb))
         plans.append(plan)
+    return plans
+
+
+def run_compiled(schedule: Schedule, compiled: list, dur: Durations) -> Result:
+    """`simulate` on the plans `compile_plans(schedule)` made (no validation)."""
+    stages, comm, placement = schedule.stages, dur.comm, schedule.placement
+    n_dev, m = len(schedule.ops), schedule.micro_batches
+    op_time = {k: dur.of(k) for k in ("F", "B", "Bi", "W", "FB")}
+    plans = [[(op_time[kind], [(k, comm if far else 0.0) for k, far in needs], makes, kind, nf, nb)
+              for kind, needs, makes, nf, nb in plan] for plan in compiled]
 
     done_at = {}                       # key -> end time
     waiting = {}                       # key -> devices waiting for it
@@ -248,6 +260,30 @@ def simulate(schedule: Schedule, durations: Durations | None = None, check: bool
     params = [sum(frac for key, d in placement.items() if d == dev) for dev in range(n_dev)]
     params = [int(p) if float(p).is_integer() else p for p in params]
     return Result(schedule, dur, makespan, busy, idle, peaks, params, spans)
+
+
+def bubble_max_over(schedule: Schedule, durations: list) -> list:
+    """`simulate(schedule, d).bubble_max` for every d in `durations`, all at once: a start time is the max of the
+    device's previous end and the inputs' arrivals whatever the durations, so one run's start order (an order of
+    the dependencies alone) evaluates every run together, as vectors -- the same floats as one run at a time."""
+    import numpy as np
+    first = simulate(schedule, durations[0])  # validates, and gives an order that respects every dependency
+    compiled = compile_plans(schedule)
+    order = sorted((span[0], dev, i) for dev, spans in enumerate(first.spans) for i, span in enumerate(spans))
+    of = {k: np.array([d.of(k) for d in durations]) for k in ("F", "B", "Bi", "W", "FB")}
+    comm, zero = np.array([d.comm for d in durations]), np.zeros(len(durations))
+    done, free, busy = {}, [zero] * len(compiled), [zero] * len(compiled)
+    for _, dev, i in order:
+        kind, needs, makes, _, _ = compiled[dev][i]
+        start = free[dev]
+        for k, far in needs:
+            start = np.maximum(start, done[k] + comm if far else done[k])
+        free[dev] = start + of[kind]
+        busy[dev] = busy[dev] + of[kind]
+        for k in makes:
+            done[k] = free[dev]
+    makespan = np.max(free, axis=0)
+    return np.max([makespan - b for b in busy], axis=0).tolist()
 
 
 def run(name: str, pp: int, micro_batches: int, durations: Durations | None = None,

@@ -1,0 +1,118 @@
+"""The executor on real ranks: `pipeline_worker` inside a process group (of `run_workers`, or torchrun) runs each
+schedule `repeats` times after a warm-up step; `run_schedules` validates, launches and summarizes."""
+from __future__ import annotations
+
+import statistics
+import time
+
+from common.core.validate import whole
+from common.parallel import pipeline
+from common.parallel.pipeline_run.executor import check_args, run_step
+from common.parallel.pipeline_run.model import make_batch, make_model, reference_gradients
+from common.parallel.pipeline_run.p2p import PointToPoint
+from common.parallel.pipeline_run.stage import Stage
+from common.parallel.pipeline_run.summary import summarize
+
+
+def one_way_time(rank: int, rows: int, hidden: int, repeats: int = 30) -> float:
+    """Half the median round trip of one activation between ranks 0 and 1 (the others wait)."""
+    import torch
+    import torch.distributed as dist
+
+    from common.parallel.ranks import synchronize, worker_device
+    buf = torch.zeros(rows, hidden, device=worker_device())
+    times = []
+    dist.barrier()
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        if rank in (0, 1):
+            for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, 1 - rank)] if rank == 0 else
+                                            [dist.P2POp(dist.irecv, buf, 0)]):
+                w.wait()
+            for w in dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, 1)] if rank == 0 else
+                                            [dist.P2POp(dist.isend, buf, 0)]):
+                w.wait()
+            synchronize()
+        times.append(time.perf_counter() - t0)
+    t = torch.tensor([statistics.median(times) / 2], dtype=torch.float64, device=buf.device)
+    dist.broadcast(t, 0)
+    return float(t)
+
+
+def run_schedule(rank: int, world_size: int, name: str, micro_batches: int, batch: int, blocks: int, hidden: int,
+                 repeats: int, seed: int = 0) -> dict:
+    """This rank's record of one schedule: the median step's spans, every step's makespan (the slowest rank's),
+    busy and receive-wait time, the peak live activation bytes, the bytes of one micro-batch through one stage,
+    each op kind's median time, and the gradient error against one process."""
+    import torch
+    import torch.distributed as dist
+
+    from common.parallel.ranks import worker_device
+    sched = pipeline.build(name, world_size, micro_batches)
+    device = worker_device()
+    model = make_model(blocks, hidden, seed)
+    x_all, t_all = make_batch(batch, hidden, seed + 1)
+    stage = Stage(sched, rank, model, x_all, t_all, device)
+    steps = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        links = PointToPoint(sched, rank, (stage.rows, hidden), device)
+        dist.barrier()
+        spans, end = run_step(sched, stage, links)
+        steps.append((spans, end, stage.live.peak, links.wait_s))
+    ends = torch.tensor([s[1] for s in steps], dtype=torch.float64, device=device)
+    dist.all_reduce(ends, op=dist.ReduceOp.MAX)  # a step ends when its last rank ends
+    timed = [(spans, float(ends[i]), peak, wait) for i, (spans, _, peak, wait) in enumerate(steps)][1:]
+    order = sorted(range(len(timed)), key=lambda i: timed[i][1])
+    spans, makespan, peak, wait = timed[order[len(order) // 2]]  # the median step (the same one on every rank)
+    flat = stage.gradient(blocks).to(device)
+    dist.all_reduce(flat)
+    ref = torch.cat([t.flatten() for blk in reference_gradients(blocks, hidden, batch, seed) for t in blk])
+    all_spans = [sp for st in timed for sp in st[0]]  # op times: medians over every timed step
+    return {"rank": rank, "spans": spans, "makespan": makespan, "step_times": sorted(t[1] for t in timed),
+            "busy": sum(e - s for s, e, _ in spans), "recv_wait": wait, "peak_bytes": peak,
+            "stage_bytes": stage.stage_bytes(), "grad_err": float((flat.cpu() - ref).abs().max()),
+            "op_median": {k: statistics.median([e - s for s, e, kk in all_spans if kk == k])
+                          for k in {kk for _, _, kk in all_spans}}}
+
+
+def pipeline_worker(rank: int, world_size: int, schedules, micro_batches: int, batch: int, blocks: int,
+                    hidden: int, repeats: int = 3, seed: int = 0) -> dict:
+    """Each of `schedules` on this rank, in one process group, and the one-way time of one message."""
+    import torch
+    torch.set_num_threads(1)
+    out = {"comm_s": one_way_time(rank, batch // micro_batches, hidden)}
+    for name in schedules:
+        out[name] = run_schedule(rank, world_size, name, micro_batches, batch, blocks, hidden, repeats, seed)
+    return out
+
+
+def pipeline_task(schedules=("gpipe", "1f1b", "dualpipe"), world_size: int = 2, micro_batches: int = 8,
+                  batch: int = 128, blocks: int = 8, hidden: int = 256, repeats: int = 3,
+                  backend: str | None = "gloo") -> tuple:
+    """(pipeline_worker, args), everything validated now -- before any process starts."""
+    if isinstance(schedules, str):
+        schedules = (schedules,)
+    whole("repeats", repeats)
+    whole("hidden", hidden)
+    for name in schedules:
+        check_args(name, world_size, micro_batches, batch, blocks, backend)
+    return pipeline_worker, (tuple(schedules), micro_batches, batch, blocks, hidden, repeats)
+
+
+def summarize_all(per_rank: list, world_size: int, micro_batches: int) -> dict:
+    """{schedule: summary} from the ranks' `pipeline_worker` records."""
+    comm = per_rank[0]["comm_s"]
+    names = [k for k in per_rank[0] if k != "comm_s"]
+    return {n: summarize(pipeline.build(n, world_size, micro_batches), [r[n] for r in per_rank], comm) for n in names}
+
+
+def run_schedules(schedules=("gpipe", "1f1b", "dualpipe"), world_size: int = 2, micro_batches: int = 8,
+                  batch: int = 128, blocks: int = 8, hidden: int = 256, repeats: int = 3,
+                  backend: str | None = "gloo", timeout: float = 300) -> dict:
+    """Execute each schedule on `world_size` ranks (one process group for all); {schedule: summary}
+    (`summary.summarize`). Everything is validated before any process starts; the tensors live on each rank's
+    `worker_device()` (its GPU under NCCL)."""
+    from common.parallel.distributed import run_workers
+    worker, args = pipeline_task(schedules, world_size, micro_batches, batch, blocks, hidden, repeats, backend)
+    per_rank = run_workers(worker, world_size, args=args, backend=backend, timeout=timeout)
+    return summarize_all(per_rank, world_size, micro_batches)

@@ -1,0 +1,44 @@
+"""The torchrun entry points: each runs under `torchrun --standalone --nproc-per-node 2` with gloo (torch's own
+launcher, `python -m torch.distributed.run`) and writes the ledger names its lab writes."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from common.core.env import REPO_ROOT
+
+ENTRY_POINTS = {
+    "common.parallel.collectives": (["--max-bytes", str(2**20), "--repeats", "2"],
+                                    {"collectives.fit.alpha_us", "collectives.fit.beta_gbps"}),
+    "common.parallel.expert_parallel": (["--tokens-per-rank", "64", "--hidden", "128", "--num-experts", "16",
+                                         "--top-k", "4", "--repeats", "1", "--ranks-per-node", "1"],
+                                        {"ep.dispatch.max_abs_err", "ep.exchange.bytes_ratio",
+                                         "ep.dedup.bytes_saving"}),
+    "common.parallel.pipeline_run": (["--hidden", "32", "--repeats", "1"],
+                                     {"pp.real.grad_max_err", "pp.real.bubble_ratio"}),
+    "common.parallel.ddp_overlap": (["--layers", "2", "--hidden", "64", "--batch", "8", "--repeats", "2"],
+                                    {"ddp.overlap.speedup", "ddp.overlap.ideal"}),
+}
+
+
+@pytest.mark.parametrize("module", sorted(ENTRY_POINTS))
+def test_entry_point_under_torchrun(module, tmp_path):
+    args, names = ENTRY_POINTS[module]
+    ledger = tmp_path / "results.jsonl"
+    env = {**os.environ, "WORKBOOK_RESULTS": str(ledger), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", module,
+           "--backend", "gloo", *args]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    records = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert {r["name"] for r in records} == names
+    assert all(r["lab"] in ("07_collectives", "08_pipeline_dualpipe") for r in records)
+
+
+def test_help_of_every_entry_point_names_its_backend_option():
+    for module in ENTRY_POINTS:
+        out = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0 and "--backend" in out.stdout and "torchrun" in out.stdout, (module, out.stderr)
