@@ -251,7 +251,7 @@ def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=No
 # ----------------------------------------------------------------------------------------------------------------------
 # 4.3 tiled attention in PyTorch
 
-@checker("4.3", "tiled attention in PyTorch")
+@checker("4.3", "tiled attention in PyTorch", in_kernel="it watches the learner's tensor operations (no N x N matrix)")
 @replayable
 def check_tiled_attention(tiled_attention, cases):
     """tiled_attention(q, k, v, block_m, block_n, causal) -> O, never forming the N x N matrix."""
@@ -277,7 +277,7 @@ def check_tiled_attention(tiled_attention, cases):
 # ----------------------------------------------------------------------------------------------------------------------
 # 4.4 the Triton forward
 
-@checker("4.4", "Triton FlashAttention forward")
+@checker("4.4", "Triton FlashAttention forward", in_kernel="it watches the Triton launches")
 @replayable
 def check_triton_forward(flash_forward, cases):
     """flash_forward(q, k, v, causal) -> O from your Triton kernel; float32 on a CPU, bf16 and fp16 on a GPU."""
@@ -390,7 +390,8 @@ _BWD_MISTAKES = {
 }
 
 
-@checker("4.5", "tiled attention backward in PyTorch")
+@checker("4.5", "tiled attention backward in PyTorch",
+         in_kernel="it watches the learner's tensor operations (no N x N matrix, block sizes)")
 @replayable
 def check_tiled_backward(tiled_backward, cases):
     """tiled_backward(q, k, v, o, lse, do, block_m, block_n, causal) -> (dq, dk, dv), never forming the N x N

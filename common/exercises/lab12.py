@@ -52,7 +52,7 @@ def _forward_and_grads(fn, x, weights, indices, ws, act, call=None, used=None):
     return learner_call(fn, args, call, (capstone.moe_grouped_forward, capstone.moe_loop_forward), used), leaves
 
 
-@checker("12.3", "grouped MoE forward")
+@checker("12.3", "grouped MoE forward", in_kernel="it back-propagates through the learner's layer")
 @replayable
 def check_moe_grouped_forward(fn, cases):
     """fn(x [T,H], weights [T,k], indices [T,k], w_gate [E+1,H,F], w_up [E+1,H,F], w_down [E+1,F,H], act) -> [T,H]:
