@@ -6,8 +6,10 @@ one, a sequence length that is not a multiple of the block) and names the one th
 """
 from __future__ import annotations
 
-from common.core.checks import checker, expect, expect_equal, fail
-from common.exercises.cases import learner_call, replayable
+import contextlib
+
+from common.core.checks import CheckFailed, checker, expect, expect_equal, fail
+from common.exercises.cases import Streamed, learner_call, record_launches, replayable
 
 # relative error allowed (max abs error / max abs reference): float32 on the CPU, 16-bit floats on a GPU
 TOL = {"float32": 1e-4, "float64": 1e-10, "bfloat16": 3e-2, "float16": 1e-2}
@@ -87,7 +89,8 @@ def check_online_softmax(online_softmax_stats, cases):
         m_ref, l_ref = x64.amax(-1), torch.exp(x64 - x64.amax(-1, keepdim=True)).sum(-1)
         where = (f"{rows} rows x {n} columns in blocks of {block}" + (", large values" if scale > 10 else "")
                  + (", the max in the first block" if ascending == "descending" else "") + f" (seed {seed})")
-        out = learner_call(online_softmax_stats, (_blocks(x32, block),), f"online_softmax_stats(blocks) for {where}",
+        out = learner_call(online_softmax_stats, (Streamed(_blocks(x32, block)),),
+                           f"online_softmax_stats(blocks) for {where}",
                            (attention.online_softmax_stats, attention.online_softmax))
         expect(isinstance(out, (tuple, list)) and len(out) == 2,
                f"return a pair (m, l) -- the running max and the sum; got {type(out).__name__}")
@@ -95,6 +98,14 @@ def check_online_softmax(online_softmax_stats, cases):
         expect(m.shape == m_ref.shape and l.shape == l_ref.shape,
                f"m and l need one value per row, shape {tuple(m_ref.shape)}; got {tuple(m.shape)} and "
                f"{tuple(l.shape)}")
+        if n > block and not (torch.allclose(m, m_ref, rtol=1e-6) and torch.allclose(l, l_ref, rtol=1e-4)):
+            kept = torch.cat(list(Streamed(_blocks(x32, block))), dim=1).double()  # what keeping the blocks sees
+            m_kept = kept.amax(-1)
+            if torch.allclose(m, m_kept, rtol=1e-6) and torch.allclose(
+                    l, torch.exp(kept - m_kept[:, None]).sum(-1), rtol=1e-4):
+                fail(f"for {where} (m, l) are those of the LAST block repeated: the blocks were kept and combined "
+                     f"at the end (a list, torch.cat), but each block arrives in the memory of the previous one, as "
+                     f"tiles in SRAM do -- update m and l as each block arrives (that is the online softmax)")
         if ascending == "descending" and not torch.allclose(m, m_ref, rtol=1e-6):
             fail(f"for {where} m is not the row max: keep the running max, m = max(m, block max) -- a later block "
                  f"with smaller values must not replace it")
@@ -217,6 +228,9 @@ def _check_attention(fn, cases, dtype, device, block_hint, label, seed, tiles=No
             guard = _full_matrix_guard(n, n, max(tiles), record_tiles=d)
             with guard:
                 got = learner_call(fn, (q, k, v, causal), f"{label} for {where}", references)
+            if guard.shortcut:
+                fail(f"{where}: {guard.shortcut} -- the exercise is the tiled loop itself (blocks of queries and "
+                     f"keys, a running max and sum)")
             if guard.seen:
                 fail(f"{where}: {guard.seen[0]} produced a tensor of shape {guard.seen[1]}: the N x N matrix was "
                      f"formed -- loop over blocks of block_n keys")
@@ -291,24 +305,72 @@ def check_triton_forward(flash_forward, cases):
         cases_ = [(2, 4, 1024, 64, False, False), (2, 4, n_odd, 128, False, False), (1, 4, 1024, 128, True, False),
                   (2, 2, n_odd, 64, True, False), (1, 2, 512, 64, False, True)]
         hint = (64, 128)
-    else:
+    else:  # the interpreter's blocks made unequal (64 query rows x 32 keys), so that a BLOCK_M/BLOCK_N swap shows
         device, dtypes = "cpu", (torch.float32,)
         n_odd = rng.choice([x for x in range(70, 190) if x % 64])
         cases_ = [(1, 2, 128, 64, False, False), (1, 1, n_odd, 64, False, False), (1, 1, 128, 64, True, False),
                   (1, 1, rng.choice([x for x in range(70, 190) if x % 64]), 64, True, False),
                   (1, 1, rng.randint(20, 60), 128, True, False), (1, 1, rng.randint(70, 120), 64, False, True)]
-        hint = (64, 64)
+        hint = (32, 64)
+    launched = []
+
+    def fn(q, k, v, causal):
+        with record_launches() as launches:
+            out = flash_forward(q, k, v, causal)
+        launched.extend(launches)
+        return out
     total = 0
     for dtype in dtypes:
-        total += _check_attention(flash_forward, cases_, dtype, device, hint, "flash_forward", seed,
-                                  references=(attention.flash_attention,))
+        with _cpu_blocks(64, 32):
+            try:
+                total += _check_attention(fn, cases_, dtype, device, hint, "flash_forward", seed,
+                                          references=(attention.flash_attention,))
+            except CheckFailed as exc:
+                _name_a_swap(fn, cases_, dtype, device, seed, exc)
+                raise
+        expect(launched, "the values are right, but no Triton kernel was launched -- the exercise is the kernel "
+                         "(torch's SDPA or a PyTorch loop is not it): launch flash_fwd_kernel through "
+                         "attention.launch_forward")
     names = "/".join(str(d).replace("torch.", "") for d in dtypes)
     return f"matches SDPA ({names}) in {total} cases: causal, non-causal, head dims 64 and 128, N not a " \
            f"multiple of the block"
 
 
+@contextlib.contextmanager
+def _cpu_blocks(block_m: int, block_n: int):
+    """The interpreter's default BLOCK_M x BLOCK_N inside (attention.launch_forward on a CPU)."""
+    from common.kernels.attention import triton_forward
+    saved = triton_forward.CPU_BLOCKS
+    triton_forward.CPU_BLOCKS = (block_m, block_n)
+    try:
+        yield
+    finally:
+        triton_forward.CPU_BLOCKS = saved
+
+
+def _name_a_swap(fn, cases_, dtype, device, seed, exc) -> None:
+    """Wrong with 64 x 32 blocks but right with 64 x 64: BLOCK_M and BLOCK_N are mixed up somewhere."""
+    if device != "cpu":
+        return
+    try:
+        with _cpu_blocks(64, 64), contextlib.redirect_stdout(None):
+            _check_attention(fn, cases_, dtype, device, (64, 64), "flash_forward", seed)
+    except CheckFailed:
+        return
+    raise CheckFailed(f"{exc} -- right with BLOCK_M = BLOCK_N = 64 but wrong with BLOCK_M=64, BLOCK_N=32: BLOCK_M "
+                      f"(the query rows of a program) and BLOCK_N (the keys of one step) are swapped somewhere (the "
+                      f"offsets, the loop step or the causal bound)") from None
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # 4.5 the backward pass in PyTorch, tiled
+
+_WHOLE_ATTENTION = {  # torch calls that do the exercise's work in one step (a TorchFunctionMode sees them)
+    "scaled_dot_product_attention": "torch's scaled_dot_product_attention (SDPA) computes the whole attention",
+    "backward": "autograd (.backward()) computes the gradients for you",
+    "grad": "autograd (torch.autograd.grad) computes the gradients for you",
+}
+
 
 def _full_matrix_guard(n_q, n_k, limit, record_tiles=None, blocks_of=None):
     """A TorchFunctionMode that records the shapes of every tensor produced and flags one with an (n_q, n_k) tail;
@@ -322,13 +384,16 @@ def _full_matrix_guard(n_q, n_k, limit, record_tiles=None, blocks_of=None):
         def __init__(self):
             super().__init__()
             self.seen = None
+            self.shortcut = None
             self.tiles = []
             self.rows = {}
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            if name in _WHOLE_ATTENTION and self.shortcut is None:
+                self.shortcut = _WHOLE_ATTENTION[name]
             out = func(*args, **(kwargs or {}))
             outs = out if isinstance(out, (tuple, list)) else (out,)
-            name = getattr(func, "__name__", "")
             if blocks_of and args and name in ("__getitem__", "split", "narrow", "chunk", "tensor_split"):
                 for label, t in blocks_of.items():
                     if args[0] is t:
@@ -425,7 +490,11 @@ def check_tiled_backward(tiled_backward, cases):
         guard = _full_matrix_guard(n, n, max(bm, bn), blocks_of={"q": q, "k": k})
         with guard:
             out = learner_call(tiled_backward, (q, k, v, o, lse, do, bm, bn, causal), f"tiled_backward for {where}",
-                               (attention.tiled_attention_backward, attention.flash_attention_backward))
+                               (attention.tiled_attention_backward, attention.flash_attention_backward,
+                                attention.tiled_attention, attention.flash_attention, attention.reference_attention))
+        if guard.shortcut:
+            fail(f"{where}: {guard.shortcut} -- the exercise is the backward pass by hand: recompute each tile's P "
+                 f"from Q, K and lse, then dV += P^T dO, dS = P * (dO V^T - D), dQ += dS K, dK += dS^T Q")
         expect(isinstance(out, (tuple, list)) and len(out) == 3,
                f"tiled_backward(...) for {where} must return a tuple (dq, dk, dv); got {type(out).__name__}"
                + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""))

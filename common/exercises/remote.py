@@ -19,7 +19,7 @@ from common.core import checks
 from common.core.grading import codec
 from common.core.grading.channel import MAX_LINE, Endpoint, Handles, dumps, loads
 from common.core.grading.remote import RemoteFunction, describe_exception, exception_from
-from common.exercises.cases import watched
+from common.exercises.cases import Streamed, _reference_name, watched
 
 _state: dict = {"endpoint": None, "submitted": ((), {})}
 
@@ -65,13 +65,12 @@ def _submit(exercise, title, args, kwargs, judge_here):
 
 def _resolve(spec: dict):
     module = importlib.import_module(str(spec["module"]))
-    if spec.get("kind") == "function":
-        return getattr(module, str(spec["name"]))
+    if spec.get("kind") == "function":  # a function, or a method or property getter by its qualified name
+        obj = module
+        for part in str(spec["name"]).split("."):
+            obj = getattr(obj, part) if not isinstance(obj, type) else obj.__dict__.get(part, getattr(obj, part))
+        return obj.fget if isinstance(obj, property) else obj
     return module, str(spec["name"])
-
-
-def _reference_name(ref) -> str:
-    return f"{ref[0].__name__}.{ref[1]}" if isinstance(ref, tuple) else f"{ref.__module__}.{ref.__name__}"
 
 
 def _call(msg: dict) -> dict:
@@ -126,6 +125,8 @@ class _Stubs:
     def __call__(self, kind, key, name):
         if kind == "iterator":
             return _RemoteIterator(self, key)
+        if kind == "stream":  # blocks through one buffer, here as in the grader (cases.Streamed)
+            return Streamed(_RemoteIterator(self, key))
         if kind == "callable":
             def callback(*a, **k):
                 return self.ask(key, "call", args=codec.encode(list(a), strict=False), kwargs=codec.encode(k, strict=False))

@@ -102,7 +102,8 @@ def encode(obj, handles=None, strict: bool = True, _depth: int = 0):
         base = next(t for t in (bool, int, float, str, tuple, list, dict) if isinstance(obj, t))
         return again(base(obj))  # a subclass of a plain type travels as the plain type
     if handles is not None:  # the grader's own object: it stays there, the other side gets a stand-in
-        kind = "iterator" if hasattr(obj, "__next__") else "callable" if _is_function(obj) else "object"
+        kind = "stream" if getattr(obj, "streams_into_one_buffer", False) else "iterator" if hasattr(
+            obj, "__next__") else "callable" if _is_function(obj) else "object"
         return {"$": "obj", "id": handles.add(obj), "kind": kind,
                 "name": str(getattr(obj, "__name__", type(obj).__name__))[:100]}
     if strict:

@@ -176,4 +176,4 @@ def _reference_spec(ref) -> dict:
     if isinstance(ref, tuple):
         module, name = ref
         return {"module": module.__name__, "name": name, "kind": "attr"}
-    return {"module": ref.__module__, "name": ref.__name__, "kind": "function"}
+    return {"module": ref.__module__, "name": ref.__qualname__, "kind": "function"}
