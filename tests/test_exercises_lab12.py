@@ -109,9 +109,26 @@ def test_moe_grouped_forward():
     assert lab12.check_moe_grouped_forward(_stub).status == "not attempted"
 
 
-def test_moe_grouped_forward_rejects_modified_input():
-    with pytest.raises(CheckFailed):
-        lab12.check_moe_grouped_forward(_modifies_input)
+def _sorts_indices_in_place(x, weights, indices, *rest):
+    out = _grouped(x, weights, indices, *rest)
+    indices.copy_(indices.sort(dim=1).values)  # tidy the routes for later: the caller's tensor changes
+    return out
+
+
+def _normalises_weights_in_place(x, weights, indices, *rest):
+    with torch.no_grad():
+        weights.div_(weights.sum(-1, keepdim=True))
+    return _grouped(x, weights, indices, *rest)
+
+
+@pytest.mark.parametrize("wrong, match", [(_modifies_input, "in-place|backward"),  # autograd refuses this one
+                                          (_sorts_indices_in_place, "modified its input indices in place"),
+                                          (_normalises_weights_in_place, "modified its input weights in place")])
+def test_moe_grouped_forward_rejects_modified_input(wrong, match):
+    """The checker compares what the learner's function RECEIVED with the originals (it used to compare its own
+    copies, which the function never saw)."""
+    with pytest.raises(CheckFailed, match=match):
+        lab12.check_moe_grouped_forward(wrong)
 
 
 # ---------------------------------------------------------------- 12.2 idle share
@@ -230,13 +247,38 @@ def _none_passes(ref, got):
                                       (got[k] - r).abs().max() <= 1e-4 * r.abs().max()) for k, r in ref.items())
 
 
+def _mean_error(ref, got):  # the mean error where the largest is asked for
+    if set(ref) != set(got):
+        return False
+    for k, r in ref.items():
+        g = got[k]
+        if g is None or g.shape != r.shape or not torch.isfinite(g).all():
+            return False
+        if (g - r).abs().mean() > 1e-4 * r.abs().max():
+            return False
+    return True
+
+
+def _norm_error(ref, got):  # a relative Frobenius norm over the whole tensor
+    if set(ref) != set(got):
+        return False
+    for k, r in ref.items():
+        g = got[k]
+        if g is None or g.shape != r.shape or not torch.isfinite(g).all():
+            return False
+        if torch.linalg.norm(g - r) > 1e-3 * torch.linalg.norm(r):
+            return False
+    return True
+
+
 def test_equivalent():
     assert lab12.check_equivalent(_equivalent).passed
     assert lab12.check_equivalent(own_copy(capstone.equivalent)).passed
     for wrong, match in [(_exact, "correct result"), (_allclose, "correct result"), (_absolute, "absolute tolerance"),
                          (lambda r, g: _absolute(r, g, atol=1e-2), "cannot see errors in small gradients"),
                          (_output_only, "every gradient"), (_too_loose, "too loose"), (_nan_blind, "NaN"),
-                         (_no_shape_check, "shapes"), (_none_passes, "None")]:
+                         (_no_shape_check, "shapes"), (_none_passes, "None"), (_mean_error, "one wrong element"),
+                         (_norm_error, "one wrong element")]:
         with pytest.raises(CheckFailed, match=match):
             lab12.check_equivalent(wrong)
     assert lab12.check_equivalent(_stub).status == "not attempted"
