@@ -40,6 +40,9 @@ def check_standard_attention_bytes(standard_bytes, cases):
             fail(f"{where} = {got}: that is a count of elements; multiply by elem_bytes={b}")
         if got == b * 4 * n * n:
             fail(f"{where} = {got}: you left out Q, K, V read and O written (4 N d elements)")
+        if got == b * 4 * n * d:
+            fail(f"{where} = {got}: that is FlashAttention's traffic (Q, K, V read, O written); standard attention "
+                 f"also writes the N x N scores S and probabilities P to HBM and reads them back (4 N^2 elements)")
         if got == b * (3 * n * d + 4 * n * n):
             fail(f"{where} = {got}: one of Q, K, V, O is missing -- read three inputs and write one output (4 N d)")
         expect_equal(got, expected, where)
