@@ -252,3 +252,20 @@ def test_grade_bad_input(tmp_path):
     r = subprocess.run(["make", "-s", "grade"], cwd=REPO_ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "DIR=" in r.stderr + r.stdout
 
+
+
+def test_instructor_lists_the_exercises_judged_in_the_kernel():
+    """INSTRUCTOR.md's table of exercises judged in the learner's kernel is the checkers' in_kernel= declarations."""
+    import importlib
+    import re
+    for lab in range(15):
+        try:
+            importlib.import_module(f"common.exercises.lab{lab:02d}")
+        except ModuleNotFoundError:
+            pass
+    text = (REPO_ROOT / "INSTRUCTOR.md").read_text()
+    table = text.split("**Exercises judged in the learner's kernel.**")[1].split("\n\n")[1]
+    listed = dict(re.findall(r"^\| (\d+\.\d+) \| (.+?) \|$", table, re.M))
+    declared = {ex: why for ex, why in checks.judged_in_kernel().items()
+                if ex in checks._titles and why != "made in-kernel for this test"}  # the fixture's, while it runs
+    assert listed == declared
