@@ -10,16 +10,7 @@ from common.exercises.lab01 import check_is_regression, check_time_fn
 
 
 def right_timer(fn, sync, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(_samples(fn, sync, warmup, repeats))
 
 
 def no_sync_timer(fn, sync, warmup, repeats):
@@ -105,16 +96,7 @@ def warmup_timed_timer(fn, sync, warmup, repeats):  # every call timed, the warm
 
 
 def min_timer(fn, sync, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(_samples(fn, sync, warmup, repeats))
 
 
 def per_call_mean_timer(fn, sync, warmup, repeats):

@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 import torch
 
+from learner import own_copy
+
 from common.core.checks import CheckFailed
 from common.exercises.lab05 import (
     check_bytes_per_param,
@@ -565,3 +567,19 @@ def test_promoted_float32_total_accepted():  # class 7
 def test_bytes_whole_scale_per_element():  # class 5
     with pytest.raises(CheckFailed, match="whole scale"):
         check_bytes_per_param(lambda e, s, b: (e + s) / 8)
+
+
+@pytest.mark.parametrize("check, quantize", [
+    (check_quantize_fp8_blockwise, lambda x, block: lowp.quantize(x, lowp.e4m3, block, "fp32")),
+    (check_mx_quantize, lambda x, elem, block=32: lowp.quantize(x, elem, (1, block), "e8m0")),
+])
+def test_dequantized_q_is_named(check, quantize):
+    """Returning q x scale (the dequantized tensor) instead of q was told it rounds wrongly: it is named."""
+    own = own_copy(quantize)
+
+    def dequantized(*args, **kwargs):
+        qt = own(*args, **kwargs)
+        bm, bk = (qt.q.shape[0] // qt.scale.shape[0], qt.q.shape[1] // qt.scale.shape[1])
+        return qt.q * qt.scale.repeat_interleave(bm, 0).repeat_interleave(bk, 1), qt.scale
+    with pytest.raises(CheckFailed, match="dequantized values"):
+        check(dequantized)

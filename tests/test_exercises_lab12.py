@@ -247,28 +247,21 @@ def _none_passes(ref, got):
                                       (got[k] - r).abs().max() <= 1e-4 * r.abs().max()) for k, r in ref.items())
 
 
-def _mean_error(ref, got):  # the mean error where the largest is asked for
-    if set(ref) != set(got):
-        return False
-    for k, r in ref.items():
-        g = got[k]
-        if g is None or g.shape != r.shape or not torch.isfinite(g).all():
+def _aggregate(error):
+    """An equivalence check on one aggregate error per tensor (a mean, or a norm) where the largest is asked for."""
+    def check(ref, got):
+        if set(ref) != set(got):
             return False
-        if (g - r).abs().mean() > 1e-4 * r.abs().max():
-            return False
-    return True
+        for k, r in ref.items():
+            g = got[k]
+            if g is None or g.shape != r.shape or not torch.isfinite(g).all() or error(g, r):
+                return False
+        return True
+    return check
 
 
-def _norm_error(ref, got):  # a relative Frobenius norm over the whole tensor
-    if set(ref) != set(got):
-        return False
-    for k, r in ref.items():
-        g = got[k]
-        if g is None or g.shape != r.shape or not torch.isfinite(g).all():
-            return False
-        if torch.linalg.norm(g - r) > 1e-3 * torch.linalg.norm(r):
-            return False
-    return True
+_mean_error = _aggregate(lambda g, r: (g - r).abs().mean() > 1e-4 * r.abs().max())
+_norm_error = _aggregate(lambda g, r: torch.linalg.norm(g - r) > 1e-3 * torch.linalg.norm(r))
 
 
 def test_equivalent():
