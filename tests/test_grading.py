@@ -118,10 +118,12 @@ def graded(tmp_path_factory):
     roster.write_text("ada\nbob\n# a comment\nzed\n")
     checker_hash = hashlib.sha256((REPO_ROOT / "common" / "exercises" / "lab10.py").read_bytes()).hexdigest()
     out = tmp / "grades"
+    os.environ["WORKBOOK_TEST_SECRET"] = f"{MARK}-environ"  # in the grader's environment: /proc/<pid>/environ
     t0 = time.time()
     rows = grading.grade(root, out, cell_timeout=10, notebook_timeout=50, progress=lambda *_: None, jobs=4,
                          roster=roster, limits=LIMITS)
     seconds = time.time() - t0
+    os.environ.pop("WORKBOOK_TEST_SECRET")
     connected = []
     try:
         connected.append(listener.accept())
@@ -191,6 +193,7 @@ def test_escapes_fail_and_nothing_outside_changes(graded):
         graded["checker_hash"]
     text = _printed(graded, "eve/" + LAB)
     assert "WROTE" not in text and "CONNECTED" not in text and f"{MARK}-secret" not in text
+    assert f"{MARK}-environ" not in text and "root:" not in text  # another process's environment, /etc/shadow
     assert "mount 32" in text or "mount 1" in text, text[:2000]  # the remount was refused
     assert _by(graded)[("eve/" + LAB, "10.1")]["status"] == "passed"  # and the checker was still the real one
     assert graded["sleeper"].poll() is None  # killed by PID: still alive
