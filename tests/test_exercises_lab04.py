@@ -351,7 +351,7 @@ def _wrong_bwd(mistake):
     ("tile_mask", "inside the blocks that cross it"), ("no_scale", "lack the softmax scale")])
 def test_tiled_backward_mistakes_named(mistake, message, monkeypatch):
     # the full-matrix variants would trip the N x N guard first: switch it off to test the diagnosis alone
-    monkeypatch.setattr(lab04, "_full_matrix_guard", lambda *a, **k: _NullGuard())
+    monkeypatch.setattr(lab04, "full_matrix_guard", lambda *a, **k: _NullGuard())
     with pytest.raises(CheckFailed, match=message):
         lab04.check_tiled_backward(_wrong_bwd(mistake))
 

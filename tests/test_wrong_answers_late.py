@@ -152,6 +152,11 @@ WRONG = {
         (lambda d, n, mode: n * min(d, 1 / 7) if mode == "mig" else _share(d, n, mode), "at most 7 MIG instances"),
         (lambda d, n, mode: min(n, 7) / 7 if mode == "mig" else _share(d, n, mode), "not the whole slice"),
     ],
+    lab11.check_checkpoint_seconds: [
+        (lambda size, r, nic, store: max(size / r / nic, size / store), "gigaBITS per second"),
+        (lambda size, r, nic, store: size / r / (nic / 8), "shared by all .* writers"),
+        (lambda size, r, nic, store: size / r / (nic / 8) + size / store, "take the slower, not the sum"),
+    ],
     # ------------------------------------------------------------------------------------------- lab 12 (12.1)
     lab12.check_idle_share: [
         (lambda ev, w: 100 * _idle(ev, w), "a percentage"),
