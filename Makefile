@@ -30,6 +30,7 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 JOBS ?= 2
 
 test: $(VENV)/.installed
+	bash scripts/sandbox_setup.sh
 	WORKBOOK_HEADLESS=1 WORKBOOK_PROFILE=quick $(PY) -m pytest tests solutions $(NBVAL) -p no:cacheprovider \
 		-n $(JOBS) --dist loadscope --durations=15
 
@@ -39,9 +40,18 @@ test-browser: $(VENV)/.installed
 	bash scripts/browser_setup.sh $(PY)
 	WORKBOOK_BROWSER=1 $(PY) -m pytest tests/test_browser.py -p no:cacheprovider -v -s
 
-# Instructor: grade learners' notebooks, DIR/<learner>/NN_name.ipynb -> build/grades/grades.csv
+# Instructor: grade learners' notebooks, DIR/<learner>/NN_name.ipynb -> build/grades/ (grades.csv, summary.md, the
+# executed notebooks), each in a bubblewrap sandbox (installed here as root when missing; see INSTRUCTOR.md).
+#   make grade DIR=submissions [CELL_TIMEOUT=120] [NOTEBOOK_TIMEOUT=600] [GRADE_JOBS=2] [ROSTER=learners.txt]
+CELL_TIMEOUT ?= 120
+NOTEBOOK_TIMEOUT ?= 600
+GRADE_JOBS ?= 1
+ROSTER ?=
 grade: $(VENV)/.installed
-	$(PY) -m common grade "$(DIR)" --out build/grades
+	$(if $(DIR),,$(error make grade needs DIR=<folder of learners' notebooks>, e.g. make grade DIR=submissions))
+	bash scripts/sandbox_setup.sh
+	$(PY) -m common grade "$(DIR)" --out build/grades --cell-timeout $(CELL_TIMEOUT) \
+		--notebook-timeout $(NOTEBOOK_TIMEOUT) --jobs $(GRADE_JOBS) $(if $(ROSTER),--roster "$(ROSTER)")
 
 # nbval alone: re-execute the solutions and compare their deterministic outputs with the committed ones.
 nbval: $(VENV)/.installed

@@ -36,9 +36,15 @@ def main(argv=None) -> int:
     sub.add_parser("inventory", help="print this machine's inventory as JSON")
     gr = sub.add_parser("grade", help="instructor: run learners' lab notebooks in sandboxes, write grades.csv")
     gr.add_argument("dir", help="folder of notebooks: DIR/<learner>/NN_name.ipynb (or DIR/NN_name.ipynb)")
-    gr.add_argument("--out", default="build/grades", help="where grades.csv and summary.md go")
+    gr.add_argument("--out", default="build/grades", help="where grades.csv, summary.md and the executed notebooks go")
     gr.add_argument("--cell-timeout", type=float, default=120, help="seconds per cell")
     gr.add_argument("--notebook-timeout", type=float, default=600, help="seconds per notebook")
+    gr.add_argument("--jobs", type=int, default=1, help="notebooks graded at once (each gets cores / jobs threads)")
+    gr.add_argument("--roster", default=None, help="file of learner names (one per line): list who submitted nothing")
+    gr.add_argument("--memory-mb", type=int, default=4096, help="memory per notebook's sandbox")
+    gr.add_argument("--max-processes", type=int, default=512, help="processes and threads per sandbox")
+    gr.add_argument("--unsafe-no-sandbox", action="store_true",
+                    help="grade without bubblewrap: the notebooks run as you, unisolated (only for trusted notebooks)")
     a = p.parse_args(argv)
 
     if a.cmd == "labs":
@@ -91,7 +97,10 @@ def main(argv=None) -> int:
 
         from common.core import grading
         try:
-            grading.grade(Path(a.dir), Path(a.out), a.cell_timeout, a.notebook_timeout)
+            limits = grading.Limits(memory_mb=a.memory_mb, processes=a.max_processes)
+            grading.grade(Path(a.dir), Path(a.out), a.cell_timeout, a.notebook_timeout, jobs=a.jobs,
+                          roster=Path(a.roster) if a.roster else None, limits=limits,
+                          unsafe_no_sandbox=a.unsafe_no_sandbox)
         except ValueError as exc:
             print(f"grade: {exc}")
             return 2

@@ -34,3 +34,9 @@ def one_thread():
 def pytest_configure(config):
     config.addinivalue_line("markers", "notebooks: executes notebooks (slow)")
 
+
+
+if os.environ.get("WORKBOOK_LOOPBACK") == "1":  # judge every check through the grader's wire format (see remote.py)
+    from common.core import checks as _checks
+    from common.exercises import remote as _remote
+    _checks.submission_hook = _remote.loopback_hook

@@ -93,3 +93,42 @@ def test_notebook_in_browser(notebook, lab, browser):
     finally:
         page.close()
         lab.shutdown_kernels()
+
+
+def _with_wrong_answers(root: Path) -> str:
+    """A copy of lab 10 with two exercises answered wrong: 10.1 gives 2ND, 10.2's code crashes. Returns its path."""
+    import nbformat
+    nb = nbformat.read(str(REPO / "labs" / "10_scaling_and_cost.ipynb"), as_version=4)
+    answers = {"def train_flops(": "def train_flops(params, tokens):\n    return 2 * params * tokens  # forward only",
+               "def implied_mfu(": "def implied_mfu(flops, gpu_hours, gpu_id, dtype):\n    return flops / 0"}
+    for cell in nb.cells:
+        for head, body in answers.items():
+            if cell.cell_type == "code" and head in cell.source:
+                cell.source = body
+    rel = "labs/10_wrong_answers.ipynb"
+    nbformat.write(nb, str(root / rel))
+    return rel
+
+
+def test_run_all_reaches_the_progress_cell_after_failed_checks(lab, browser):
+    """A failed check prints its verdict and the cell does not fail, so Run All goes on: every cell runs, the
+    progress cell says which exercises failed and why."""
+    from browser import NotebookPage
+    rel = _with_wrong_answers(lab.root)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        nb = NotebookPage(page, f"{lab.url}/lab/tree/{rel}?token={lab.token}")
+        state = nb.run_all(CELL_LIMIT, NOTEBOOK_LIMIT)  # raises when Run All stops at a cell
+        errors = [f"cell {c['i']}: {e}" for c in state["cells"] for e in c["errors"]]
+        assert not errors, errors
+        text = page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
+                             ".map(e => e.textContent).join('\\n')")
+        assert "FAIL Exercise 10.1 (training FLOPs with 6ND)" in text and "2ND" in text
+        assert "FAIL Exercise 10.2 (implied MFU)" in text and "ZeroDivisionError" in text
+        assert "Lab 10: 0 of 5 exercises passed, 2 failed, 3 not attempted" in text, text[-2000:]
+    except BaseException:
+        page.screenshot(path=str(OUT / "run_all_wrong_answers.png"), full_page=True)
+        raise
+    finally:
+        page.close()
+        lab.shutdown_kernels()

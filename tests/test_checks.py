@@ -150,3 +150,25 @@ def test_progress_lists_every_exercise_of_the_lab(capsys):
     with pytest.raises(ValueError, match="lab='x'"):
         checks.progress("x")
     checks.reset()
+
+
+def test_in_a_notebook_a_failed_check_prints_and_the_cell_goes_on(monkeypatch, capsys):
+    """After setup() in a notebook (install_notebook_handler), a failed check prints FAIL with its verdict and
+    returns instead of raising, so Run All reaches the progress cell (tests/test_browser.py proves it in JupyterLab);
+    a crash in the learner's code too. Outside a notebook it raises."""
+    monkeypatch.setattr(checks, "_print_failures", True)
+    v = check_double(lambda x: x + 1)
+    assert v.status == "failed" and capsys.readouterr().out.startswith("FAIL Exercise 99.1 (double it):")
+    v = check_double(lambda x: x / 0)
+    assert v.status == "failed" and "ZeroDivisionError" in capsys.readouterr().out
+    assert checks.status("99.1") == "failed" and not checks.ready("99.1")
+    monkeypatch.setattr(checks, "_print_failures", False)
+    with pytest.raises(CheckFailed):
+        check_double(lambda x: x + 1)
+
+
+def test_judge_gives_the_verdict_without_printing_or_recording(capsys):
+    checks.reset()
+    v = checks.judge("99.1", lambda x: x + 1)
+    assert v.status == "failed" and capsys.readouterr().out == "" and checks.status("99.1") is None
+    assert checks.judge("99.1", lambda x: 2 * x).passed

@@ -1,5 +1,6 @@
 import statistics
 import time
+from time import perf_counter
 
 import pytest
 
@@ -9,16 +10,7 @@ from common.exercises.lab01 import check_is_regression, check_time_fn
 
 
 def right_timer(fn, sync, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(_samples(fn, sync, warmup, repeats))
 
 
 def no_sync_timer(fn, sync, warmup, repeats):
@@ -47,13 +39,89 @@ def mean_timer(fn, sync, warmup, repeats):
     return (time.perf_counter() - start) / repeats
 
 
+def numpy_timer(fn, sync, warmup, repeats):  # right, written differently: perf_counter imported, numpy's median
+    import numpy as np
+    for _ in range(warmup):
+        fn()
+        sync()
+    out = []
+    for _ in range(repeats):
+        sync()
+        t0 = perf_counter()
+        fn()
+        sync()
+        out.append(perf_counter() - t0)
+    return float(np.median(out))
+
+
+def median_low_timer(fn, sync, warmup, repeats):  # right: either middle sample of an even count is a median
+    return statistics.median_low(_samples(fn, sync, warmup, repeats))
+
+
 def test_time_fn_right():
     assert check_time_fn(right_timer).passed
+    assert check_time_fn(numpy_timer).passed
+    assert check_time_fn(median_low_timer).passed
+
+
+def test_time_fn_exact_under_load():
+    """The timers run on a simulated clock: a right answer is exact however busy the machine (it once read 8 ms
+    for 4 ms under load), and the verdict is the same for every replay of one seed."""
+    import threading
+    stop = []
+
+    def burn():
+        while not stop:
+            sum(range(1000))
+    hogs = [threading.Thread(target=burn) for _ in range(4)]
+    for h in hogs:
+        h.start()
+    try:
+        for _ in range(5):
+            assert check_time_fn(right_timer).passed
+    finally:
+        stop.append(1)
+        for h in hogs:
+            h.join()
+
+
+def warmup_timed_timer(fn, sync, warmup, repeats):  # every call timed, the warm-up ones too
+    times = []
+    for _ in range(warmup + repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def min_timer(fn, sync, warmup, repeats):
+    return min(_samples(fn, sync, warmup, repeats))
+
+
+def per_call_mean_timer(fn, sync, warmup, repeats):
+    return statistics.fmean(_samples(fn, sync, warmup, repeats))
+
+
+def _samples(fn, sync, warmup, repeats):
+    for _ in range(warmup):
+        fn()
+    sync()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        out.append(time.perf_counter() - start)
+    return out
 
 
 @pytest.mark.parametrize("wrong,match", [(no_sync_timer, "timed the launch, not the work"),
                                          (no_warmup_timer, r"warmup=3 \+ repeats=20 = 23"),
-                                         (mean_timer, "report the median")])
+                                         (mean_timer, "report the median"),
+                                         (warmup_timed_timer, "warm-up calls were timed together"),
+                                         (min_timer, "the minimum of the timed calls"),
+                                         (per_call_mean_timer, "the mean of the timed calls")])
 def test_time_fn_wrong(wrong, match):
     with pytest.raises(CheckFailed, match=match):
         check_time_fn(wrong)
@@ -67,7 +135,31 @@ def test_time_fn_stub():
 
 def test_is_regression_right():
     assert check_is_regression(inline_rule).passed
-    assert check_is_regression(lambda b, c: reference_rule(b, c)).passed  # a wrapper is not caught: the text says so
+
+
+def test_is_regression_wrapper_of_the_reference_is_caught():
+    with pytest.raises(CheckFailed, match="called common.core.measurement.is_regression, the reference"):
+        check_is_regression(lambda b, c: reference_rule(b, c))
+
+
+def absolute_threshold(base, cand):  # 0.5 ms in seconds: right only near 1 ms per sample
+    return statistics.median(cand) - statistics.median(base) > 0.0005
+
+
+def absolute_threshold_at_one_second(base, cand):  # tuned to samples of about 1 s
+    return statistics.median(cand) - statistics.median(base) > 0.1
+
+
+def ignores_baseline(base, cand):  # "slow" = the candidate's spread or level alone
+    return statistics.median(cand) > 1.1 * min(cand) + 0.01 * statistics.median(cand)
+
+
+@pytest.mark.parametrize("wrong,match", [(absolute_threshold, "absolute|relative to the baseline"),
+                                         (absolute_threshold_at_one_second, "absolute|relative to the baseline"),
+                                         (ignores_baseline, "ignores the baseline")])
+def test_is_regression_scale_and_baseline(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        check_is_regression(wrong)
 
 
 def mean_any_slower(base, cand):
@@ -176,8 +268,30 @@ def test_event_time_wrong():
     def stopwatch(fn, make_event, sync, warmup, repeats):
         return right_timer(fn, sync, warmup, repeats)
 
+    def warmup_timed(fn, make_event, sync, warmup, repeats):
+        pairs = []
+        for _ in range(warmup + repeats):
+            s, e = make_event(), make_event()
+            s.record(); fn(); e.record()
+            pairs.append((s, e))
+        sync()
+        return statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
+
+    def minimum(fn, make_event, sync, warmup, repeats):
+        for _ in range(warmup):
+            fn()
+        sync()
+        pairs = []
+        for _ in range(repeats):
+            s, e = make_event(), make_event()
+            s.record(); fn(); e.record()
+            pairs.append((s, e))
+        sync()
+        return min(s.elapsed_time(e) for s, e in pairs) / 1e3
+
     for wrong, match in ((no_sync, "before the events had completed"), (in_ms, "that is milliseconds"),
-                         (one_pair, "around EACH call"), (stopwatch, "no event was recorded")):
+                         (one_pair, "around EACH call"), (stopwatch, "no event was recorded"),
+                         (warmup_timed, "warm-up calls were timed together"), (minimum, "the minimum")):
         with pytest.raises(CheckFailed, match=match):
             check_event_time(wrong)
 
@@ -192,7 +306,7 @@ def test_is_regression_edge_cases_and_sample_counts():
         check_is_regression(zero_spread_crash)
 
     def needs_fifteen(base, cand):
-        return len(base) >= 15 and reference_rule(base, cand)
+        return len(base) >= 15 and inline_rule(base, cand)
     with pytest.raises(CheckFailed, match=r"runs of 7 samples.*seed \d+"):
         check_is_regression(needs_fifteen)
 
@@ -209,7 +323,7 @@ def test_event_time_stub():
 
 
 def test_is_regression_reference_itself_is_caught():
-    with pytest.raises(CheckFailed, match="the workbook's reference answer"):
+    with pytest.raises(CheckFailed, match="you passed common.core.measurement.is_regression itself"):
         check_is_regression(reference_rule)
 
 

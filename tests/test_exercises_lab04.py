@@ -102,6 +102,27 @@ def test_online_softmax_stub():
     assert lab04.check_online_softmax(_stub).status == "not attempted"
 
 
+def _concatenated(blocks):  # not online: every block kept, one softmax at the end (the same numbers, if it worked)
+    x = torch.cat(list(blocks), dim=1).float()
+    m = x.amax(-1)
+    return m, torch.exp(x - m[:, None]).sum(-1)
+
+
+def _stacked_numpy(blocks):  # not online either: kept as NumPy views, combined at the end
+    import numpy as np
+    x = torch.from_numpy(np.concatenate([b.numpy() for b in blocks], axis=1))
+    m = x.amax(-1)
+    return m, torch.exp(x - m[:, None]).sum(-1)
+
+
+@pytest.mark.parametrize("wrong", [_concatenated, _stacked_numpy])
+def test_online_softmax_must_be_online(wrong):
+    """Blocks arrive through one buffer (as tiles in SRAM): keeping them and taking one softmax at the end fails,
+    by name."""
+    with pytest.raises(CheckFailed, match="LAST block repeated: the blocks were kept"):
+        lab04.check_online_softmax(wrong)
+
+
 # ---------------------------------------------------------------------------------------------------------------- 4.3
 
 def _tiled(q, k, v, block_m, block_n, causal=False, mistake=None):
@@ -171,13 +192,20 @@ def test_tiled_stub():
     assert lab04.check_tiled_attention(_stub).status == "not attempted"
 
 
+def test_tiled_sdpa_is_not_the_loop():
+    def sdpa(q, k, v, bm, bn, causal=False):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    with pytest.raises(CheckFailed, match="scaled_dot_product_attention .SDPA. computes the whole attention"):
+        lab04.check_tiled_attention(sdpa)
+
+
 # ---------------------------------------------------------------------------------------------------------------- 4.4
 
 @triton.jit
 def _fwd(Q, K, V, O, sm_scale, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
          CAUSAL: tl.constexpr, MISTAKE: tl.constexpr):
     # MISTAKE: 0 none, 1 causal mask reversed, 2 causal off by one (diagonal masked), 3 no masks for N % BLOCK,
-    # 4 no rescale, 5 max not subtracted, 6 stores not masked
+    # 4 no rescale, 5 max not subtracted, 6 stores not masked, 7 BLOCK_M and BLOCK_N swapped in the key loop
     start_m = tl.program_id(0)
     base = tl.program_id(1).to(tl.int64) * N_CTX * HEAD_DIM
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -192,9 +220,12 @@ def _fwd(Q, K, V, O, sm_scale, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.conste
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     hi = N_CTX
     if CAUSAL:
-        if MISTAKE != 1:
+        if MISTAKE == 7:
+            hi = tl.minimum((start_m + 1) * BLOCK_N, N_CTX)
+        elif MISTAKE != 1:
             hi = tl.minimum((start_m + 1) * BLOCK_M, N_CTX)
-    for start_n in range(0, hi, BLOCK_N):
+    step = BLOCK_M if MISTAKE == 7 else BLOCK_N
+    for start_n in range(0, hi, step):
         cols = start_n + offs_n
         if MISTAKE == 3:
             k = tl.load(K + base + cols[None, :] * HEAD_DIM + offs_d[:, None])
@@ -250,10 +281,18 @@ def test_triton_right():
     (4, "rescale the accumulator"),
     (5, "exp overflowed"),
     (6, "past the end of O"),
+    (7, "BLOCK_N .the keys of one step. are swapped"),
 ])
 def test_triton_mistakes(mistake, message):
     with pytest.raises(CheckFailed, match=message):
         lab04.check_triton_forward(_flash(mistake))
+
+
+def test_triton_sdpa_is_not_the_kernel():
+    def sdpa(q, k, v, causal=False):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    with pytest.raises(CheckFailed, match="no Triton kernel was launched"):
+        lab04.check_triton_forward(sdpa)
 
 
 def test_triton_stub_kernel_is_not_attempted():
@@ -281,6 +320,25 @@ def test_tiled_backward_right():
     assert lab04.check_tiled_backward(_bwd).passed
 
 
+def _autograd_sdpa(q, k, v, o, lse, do, bm, bn, causal):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return torch.autograd.grad(out, (q, k, v), do)
+
+
+def _autograd_workbook(q, k, v, o, lse, do, bm, bn, causal):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    attention.tiled_attention(q, k, v, bm, bn, causal).backward(do)
+    return q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("wrong, message", [(_autograd_sdpa, "SDPA. computes the whole attention"),
+                                            (_autograd_workbook, "common.kernels.attention.*tiled_attention")])
+def test_tiled_backward_autograd_is_not_the_backward(wrong, message):
+    with pytest.raises(CheckFailed, match=message):
+        lab04.check_tiled_backward(wrong)
+
+
 def _wrong_bwd(mistake):
     def fn(q, k, v, o, lse, do, bm, bn, causal):
         return tuple(t.float() for t in lab04._bwd_variant(q, k, v, do, causal, q.shape[-1] ** -0.5, bm, bn,
@@ -293,13 +351,14 @@ def _wrong_bwd(mistake):
     ("tile_mask", "inside the blocks that cross it"), ("no_scale", "lack the softmax scale")])
 def test_tiled_backward_mistakes_named(mistake, message, monkeypatch):
     # the full-matrix variants would trip the N x N guard first: switch it off to test the diagnosis alone
-    monkeypatch.setattr(lab04, "_full_matrix_guard", lambda *a, **k: _NullGuard())
+    monkeypatch.setattr(lab04, "full_matrix_guard", lambda *a, **k: _NullGuard())
     with pytest.raises(CheckFailed, match=message):
         lab04.check_tiled_backward(_wrong_bwd(mistake))
 
 
 class _NullGuard:
     seen = None
+    shortcut = None
     rows: dict = {}
 
     def __enter__(self):

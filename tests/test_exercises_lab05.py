@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 import torch
 
+from learner import own_copy
+
 from common.core.checks import CheckFailed
 from common.exercises.lab05 import (
     check_bytes_per_param,
@@ -55,6 +57,15 @@ def test_format_facts_forgets_nan_code():
         return facts(e, m, "none" if special == "fn" else special)
     with pytest.raises(CheckFailed, match="all-ones mantissa"):
         check_format_facts(wrong)
+
+
+def test_format_facts_from_the_reference_class():
+    def via_format(e, m, special):  # the workbook's own class does the arithmetic
+        f = lowp.Format("mine", e, m, special)
+        return {"max": f.max, "smallest_normal": f.smallest_normal, "smallest_subnormal": f.smallest_subnormal,
+                "eps": f.eps}
+    with pytest.raises(CheckFailed, match="Format.max, the reference"):
+        check_format_facts(via_format)
 
 
 def test_format_facts_half_eps():
@@ -225,6 +236,24 @@ def test_nvfp4_fp32_block_scale():
         check_nvfp4_quantize(wrong)
 
 
+def test_nvfp4_block_scale_rounded_up():
+    """Rounding the block scale up agrees with the nearest rounding on about half the blocks: it passed on about 4
+    draws in 20,000. One case puts every block's amax just above an E4M3 value."""
+    def up(x):
+        q, bs, ts = nvfp4(x)
+        b = lowp.blocks(x.double(), 1, 16)
+        v = b.abs().amax(-1) / 6 / ts
+        grid = torch.tensor(sorted(set(lowp.e4m3.values())), dtype=torch.float64)
+        bs_up = grid[torch.searchsorted(grid, v.clamp(max=448.0))]
+        s = bs_up * ts
+        q = torch.where(s[..., None] > 0, lowp.round_to(b / torch.where(s > 0, s, torch.ones_like(s))[..., None],
+                                                        lowp.e2m1), torch.zeros_like(b))
+        return lowp.unblocks(q, 1, 16), bs_up, ts
+    for seed in range(5):
+        with pytest.raises(CheckFailed, match="rounded block_amax / 6 / tensor_scale UP"):
+            check_nvfp4_quantize(up, seed=seed)
+
+
 def test_nvfp4_no_tensor_scale():
     def wrong(x):
         qt = lowp.quantize(x, lowp.e2m1, (1, 16), "e4m3", tensor_scale=False)
@@ -315,6 +344,38 @@ def test_fine_grained_right_and_in_other_dtypes():
 
 def test_fine_grained_stub():
     assert check_fine_grained_gemm(stub).status == "not attempted"
+
+
+def bf16_sum(xq, xs, wq, ws):  # the K-block products and their sum kept in bfloat16 (no promotion)
+    one = torch.tensor(1.0)
+    y = torch.zeros(xq.shape[0], wq.shape[0], dtype=torch.bfloat16)
+    wcol = ws.repeat_interleave(128, 0)
+    for k in range(xs.shape[1]):
+        ks = slice(128 * k, 128 * (k + 1))
+        y += (torch._scaled_mm(xq[:, ks], wq[:, ks].t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+              * xs[:, k:k + 1] * wcol[:, k]).bfloat16()
+    return y
+
+
+def bf16_parts(xq, xs, wq, ws):  # each K-block product rounded to bfloat16, summed in float32
+    one = torch.tensor(1.0)
+    y = torch.zeros(xq.shape[0], wq.shape[0])
+    wcol = ws.repeat_interleave(128, 0)
+    for k in range(xs.shape[1]):
+        ks = slice(128 * k, 128 * (k + 1))
+        y += (torch._scaled_mm(xq[:, ks], wq[:, ks].t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+              * xs[:, k:k + 1] * wcol[:, k]).bfloat16().float()
+    return y
+
+
+@pytest.mark.parametrize("wrong, mistake", [(bf16_sum, "accumulated in bfloat16"),
+                                            (bf16_parts, "rounded to bfloat16 before the sum")])
+def test_fine_grained_bf16_accumulation_named(wrong, mistake):
+    """A bfloat16 sum of the K-blocks was about 6% off in one element and passed a 2% tolerance of max|y|: a 16-bit
+    result must be within one unit in the last place of each element."""
+    for seed in (1, 2, 3):
+        with pytest.raises(CheckFailed, match=mistake):
+            check_fine_grained_gemm(wrong, seed=seed)
 
 
 @pytest.mark.parametrize("mistake, wrong", [
@@ -506,3 +567,19 @@ def test_promoted_float32_total_accepted():  # class 7
 def test_bytes_whole_scale_per_element():  # class 5
     with pytest.raises(CheckFailed, match="whole scale"):
         check_bytes_per_param(lambda e, s, b: (e + s) / 8)
+
+
+@pytest.mark.parametrize("check, quantize", [
+    (check_quantize_fp8_blockwise, lambda x, block: lowp.quantize(x, lowp.e4m3, block, "fp32")),
+    (check_mx_quantize, lambda x, elem, block=32: lowp.quantize(x, elem, (1, block), "e8m0")),
+])
+def test_dequantized_q_is_named(check, quantize):
+    """Returning q x scale (the dequantized tensor) instead of q was told it rounds wrongly: it is named."""
+    own = own_copy(quantize)
+
+    def dequantized(*args, **kwargs):
+        qt = own(*args, **kwargs)
+        bm, bk = (qt.q.shape[0] // qt.scale.shape[0], qt.q.shape[1] // qt.scale.shape[1])
+        return qt.q * qt.scale.repeat_interleave(bm, 0).repeat_interleave(bk, 1), qt.scale
+    with pytest.raises(CheckFailed, match="dequantized values"):
+        check(dequantized)

@@ -6,7 +6,8 @@ into a verdict:
 - passed: prints "PASS Exercise 4.2 (online softmax): <detail>";
 - not attempted (the learner's function still raises NotImplementedError): prints so, does not raise;
 - wrong: raises `CheckFailed` (an AssertionError) whose message names expected vs got, the first mismatching index
-  or the invariant that failed. In a notebook the message is shown without a traceback.
+  or the invariant that failed. In a notebook (after `setup()`) it prints "FAIL Exercise 4.2 (...): <message>"
+  instead and the cell does not fail, so Run All goes on to the progress cell.
 Later cells that need an exercise ask `if ready("4.2"):` and otherwise say what to finish first.
 """
 from __future__ import annotations
@@ -92,9 +93,14 @@ def progress(lab: int | str) -> None:
           f"{counts[NOT_ATTEMPTED]} not attempted, {counts['not checked']} not checked yet.")
 
 
+def first_line(message: str) -> str:
+    """A verdict's first line, at most 300 characters (what progress tables and grades show)."""
+    return (str(message).strip().splitlines() or [""])[0][:300]
+
+
 def _set(exercise: str, status_: str, message: str) -> None:
     _status[exercise] = status_
-    _details[exercise] = (message.strip().splitlines() or [""])[0][:300]
+    _details[exercise] = first_line(message)
 
 
 def ready(exercise: str) -> bool:
@@ -110,40 +116,78 @@ def ready(exercise: str) -> bool:
 
 
 def _learner_error(exc: BaseException) -> str:
-    """One line naming an exception raised inside the learner's code, with the innermost frame."""
+    """One line naming an exception raised inside the learner's code, with the innermost frame (for code that ran in
+    a sandbox, the frame it reported)."""
+    remote = getattr(exc, "_remote_where", None)
+    if remote is not None:
+        return f"your code raised {type(exc).__name__}: {exc}" + (f" (at {remote})" if remote else "")
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {frames[-1].name}, line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
     return f"your code raised {type(exc).__name__}: {exc}{where}"
 
 
-def checker(exercise: str, title: str):
-    """Decorate a check function; see the module docstring for the verdicts it gives."""
+_checkers: dict[str, Callable] = {}
+_in_kernel: dict[str, str] = {}
+# Set by the grader inside a sandboxed kernel (common.exercises.remote): submission_hook(exercise, title, args,
+# kwargs, judge_here) -> Verdict sends the check to the grader, which judges it in its own process.
+submission_hook: Callable | None = None
+# In a notebook (install_notebook_handler), a failed check prints its verdict instead of raising, so that Run All
+# goes on to the progress cell; elsewhere (tests, scripts) it raises CheckFailed.
+_print_failures = False
+
+
+def _judge(exercise: str, title: str, check: Callable, args: tuple, kwargs: dict) -> tuple[Verdict, Exception | None]:
+    """Run one check; (its verdict, the learner's exception when the learner's code crashed)."""
+    try:
+        detail = check(*args, **kwargs)
+    except NotImplementedError as exc:
+        return Verdict(exercise, title, NOT_ATTEMPTED, f"not attempted yet -- {exc}" if str(exc) else
+                       "not attempted yet"), None
+    except CheckFailed as exc:
+        return Verdict(exercise, title, FAILED, str(exc)), None
+    except Exception as exc:  # the learner's code crashed: say where, as a verdict
+        return Verdict(exercise, title, FAILED, _learner_error(exc)), exc
+    return Verdict(exercise, title, PASSED, detail or "correct"), None
+
+
+def judge(exercise: str, *args, **kwargs) -> Verdict:
+    """The verdict of exercise `exercise`'s checker on these arguments, without printing, raising or recording it
+    (the grader judges a sandboxed learner's functions this way, in its own process)."""
+    run = _checkers[exercise]
+    return _judge(exercise, run.title, run.check, args, kwargs)[0]
+
+
+def judged_in_kernel() -> dict[str, str]:
+    """{exercise: why} for the checkers that only the learner's own kernel can run (the grader marks them)."""
+    return dict(_in_kernel)
+
+
+def checker(exercise: str, title: str, in_kernel: str = ""):
+    """Decorate a check function; see the module docstring for the verdicts it gives. `in_kernel` says why the
+    grader cannot judge it out of process from the learner's results alone (e.g. it times the learner's code)."""
     def wrap(check: Callable[..., str | None]):
         _titles[exercise] = title
+        if in_kernel:
+            _in_kernel[exercise] = in_kernel
 
         @functools.wraps(check)
         def run(*args, **kwargs) -> Verdict:
-            try:
-                detail = check(*args, **kwargs)
-            except NotImplementedError as exc:
-                verdict = Verdict(exercise, title, NOT_ATTEMPTED,
-                                  f"not attempted yet -- {exc}" if str(exc) else "not attempted yet")
-                _set(exercise, NOT_ATTEMPTED, verdict.detail)
-                print(verdict)
-                return verdict
-            except CheckFailed as exc:
-                _set(exercise, FAILED, str(exc))
-                raise CheckFailed(f"Exercise {exercise} ({title}): {exc}") from None
-            except Exception as exc:  # the learner's code crashed: say where, as a verdict
-                _set(exercise, FAILED, _learner_error(exc))
-                raise CheckFailed(f"Exercise {exercise} ({title}): {_learner_error(exc)}") from exc
-            verdict = Verdict(exercise, title, PASSED, detail or "correct")
-            _set(exercise, PASSED, verdict.detail)
+            crash = None
+            if submission_hook is not None:
+                verdict = submission_hook(exercise, title, args, kwargs,
+                                          lambda: _judge(exercise, title, check, args, kwargs)[0])
+            else:
+                verdict, crash = _judge(exercise, title, check, args, kwargs)
+            _set(exercise, verdict.status, verdict.detail)
+            if verdict.status == FAILED and not _print_failures:
+                raise CheckFailed(f"Exercise {exercise} ({title}): {verdict.detail}") from crash
             print(verdict)
             return verdict
 
         run.exercise = exercise
         run.title = title
+        run.check = check
+        _checkers[exercise] = run
         return run
     return wrap
 
@@ -249,7 +293,8 @@ def expect_close(got: Any, expected: Any, what: str = "result", rtol: float = 1e
 
 
 def install_notebook_handler() -> None:
-    """In IPython, show a CheckFailed as its message alone (no traceback); the cell still fails."""
+    """In IPython: a failed check prints its verdict (FAIL ...) and the cell goes on, so Run All reaches the
+    progress cell; a CheckFailed raised anyway (a learner's own expect()) shows as its message alone."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -263,4 +308,6 @@ def install_notebook_handler() -> None:
         shell._showtraceback(etype, value, [text])
         return [text]
 
+    global _print_failures
+    _print_failures = True
     ip.set_custom_exc((CheckFailed,), handler)

@@ -111,12 +111,15 @@ def check_elements(q, x, s_full, elem, ignore=None):
     if ignore is not None and bool(ignore.any()):
         q = torch.where(ignore, torch.zeros_like(q), q)
         x = torch.where(ignore, torch.zeros_like(x), x)
+    ref_q = lowp.round_to(x.double() / s_full, elem, saturate=True)
+    if not torch.equal(q.double(), ref_q) and torch.allclose(q.double(), ref_q * s_full, rtol=1e-6, atol=0):
+        fail(f"q holds the dequantized values (q x scale, back on x's scale): return q itself -- the {elem.name} "
+             f"values x / scale rounds to -- and the scale separately (q x scale is what a GEMM recovers)")
     over = q.abs() > elem.max
     if bool(over.any()) or not bool(torch.isfinite(q).all()):
         idx = tuple(int(i) for i in torch.nonzero(over | ~torch.isfinite(q))[0])
         fail(f"no saturation: q{idx} = {float(q[idx]):g} lies outside +-{elem.max:g} ({elem.name}'s range); "
              f"x / scale = {float(x[idx] / s_full[idx]):g} must clamp to +-{elem.max:g}")
-    ref_q = lowp.round_to(x.double() / s_full, elem, saturate=True)
     d = first_diff(q, ref_q)
     if d is not None:
         idx, n = d

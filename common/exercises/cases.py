@@ -22,8 +22,6 @@ import secrets
 import sys
 from dataclasses import dataclass
 
-import torch
-
 from common.core.checks import CheckFailed, _learner_error
 
 
@@ -31,7 +29,12 @@ from common.core.checks import CheckFailed, _learner_error
 class Cases:
     seed: int
     rng: random.Random
-    gen: torch.Generator
+
+    @functools.cached_property
+    def gen(self):
+        """A torch.Generator seeded with the same seed (torch is imported on first use: arithmetic labs skip it)."""
+        import torch
+        return torch.Generator().manual_seed(self.seed)
 
     def tag(self, is_random: bool) -> str:
         """" [random case, seed N]" for a random case, "" for a fixed one (for a case's description)."""
@@ -43,7 +46,7 @@ def fresh_cases(seed: int | None = None, replay: bool = False):
     """Random cases from a new seed (or `seed`, to reproduce a failure); a failure that does not name the seed yet
     gets "(random cases: seed N)" appended (with `replay`, also "[replay with seed=N]")."""
     seed = secrets.randbits(31) if seed is None else int(seed)
-    cases = Cases(seed, random.Random(seed), torch.Generator().manual_seed(seed))
+    cases = Cases(seed, random.Random(seed))
     try:
         yield cases
     except CheckFailed as exc:
@@ -62,6 +65,28 @@ def replayable(check):
     return run
 
 
+class Streamed:
+    """Tensor blocks streamed through ONE buffer, as tiles through SRAM: each block is copied into the memory of the
+    previous one, so a function that keeps the blocks (a list, torch.cat at the end) holds the last block many times
+    over, and only a function that updates its state as each block arrives gets the right answer. One pass only.
+    (The grader's sandbox streams the same way: common.exercises.remote.)"""
+    streams_into_one_buffer = True
+
+    def __init__(self, blocks):
+        self._blocks = iter(blocks)
+        self._buffer = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        block = next(self._blocks)
+        n = block.numel()
+        if self._buffer is None or self._buffer.numel() < n or self._buffer.dtype != block.dtype:
+            self._buffer = block.new_empty(n)
+        return self._buffer[:n].view(block.shape).copy_(block)
+
+
 def _reraise_stub(exc: BaseException) -> None:
     """A stubbed @triton.jit kernel raises a compile error whose text names its NotImplementedError: not attempted."""
     text = f"{type(exc).__name__}: {exc}"
@@ -70,7 +95,7 @@ def _reraise_stub(exc: BaseException) -> None:
 
 
 def _reference_name(ref) -> str:
-    return f"{ref[0].__name__}.{ref[1]}" if isinstance(ref, tuple) else f"{ref.__module__}.{ref.__name__}"
+    return f"{ref[0].__name__}.{ref[1]}" if isinstance(ref, tuple) else f"{ref.__module__}.{ref.__qualname__}"
 
 
 def learner_call(fn, args: tuple, call: str, references=(), used: set | None = None, expected: str = ""):
@@ -82,27 +107,52 @@ def learner_call(fn, args: tuple, call: str, references=(), used: set | None = N
     refuse once the numbers are right.
     """
     references = tuple(references)
+    remote = _remote(fn)
+    itself = None
     for ref in references:
         if fn is (getattr(*ref) if isinstance(ref, tuple) else ref):
-            if used is None:
-                raise CheckFailed(f"{call} called {_reference_name(ref)}, the reference this exercise asks you to "
-                                  f"write (you passed {_reference_name(ref)} itself); write it yourself")
-            used.add(_reference_name(ref))
+            itself = _reference_name(ref)
+    if itself and used is None:
+        raise _passed_itself(call, itself)
     try:
-        with watched(references) as called:
-            result = fn(*args)
+        if remote is not None:  # the learner's function runs in a sandbox (the grader): it reports what it called
+            result, called, itself = remote(args, references)
+        else:
+            with watched(references) as called:
+                result = fn(*args)
     except (NotImplementedError, CheckFailed):
         raise
     except Exception as exc:
         _reraise_stub(exc)
         should = f" should return {expected};" if expected else ":"
         raise CheckFailed(f"{call}{should} {_learner_error(exc)}") from exc
+    if itself:
+        if used is None:
+            raise _passed_itself(call, itself)
+        used.add(itself)
     if called and used is not None:
         used.update(called)
     elif called:
         raise CheckFailed(f"{call} called {called[0]}, the reference this exercise asks you to write; write it "
                           f"yourself (torch and math built-ins are fine)")
     return result
+
+
+def _passed_itself(call: str, name: str) -> CheckFailed:
+    return CheckFailed(f"{call} called {name}, the reference this exercise asks you to write (you passed {name} "
+                       f"itself); write it yourself")
+
+
+def _remote(fn):
+    """fn's remote_call(args, references) -> (result, called, itself) when fn stands for a learner's function in a
+    sandbox (common.core.grading.remote.RemoteFunction, or a functools.partial of one); else None."""
+    if isinstance(fn, functools.partial):
+        inner = getattr(fn.func, "remote_call", None)
+        if inner is None:
+            return None
+        return lambda args, refs: inner(tuple(fn.args) + tuple(args), dict(fn.keywords), refs)
+    inner = getattr(fn, "remote_call", None)
+    return None if inner is None else (lambda args, refs: inner(tuple(args), {}, refs))
 
 
 def as_number(got, call: str, what: str = "a number", integer: bool = False):

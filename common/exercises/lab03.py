@@ -101,7 +101,8 @@ def _add_cases(rng):
     return cases_
 
 
-@checker("3.2", "Triton vector add (mask, block size, grid)")
+@checker("3.2", "Triton vector add (mask, block size, grid)",
+         in_kernel="it watches the Triton launches and reads the kernel's source")
 @replayable
 def check_vector_add(vector_add, cases):
     """vector_add(x, y, out, block_size) -> out = x + y with a Triton kernel; float32, fresh inputs each call."""
@@ -192,7 +193,7 @@ def _softmax_diagnosis(got, x0, where):
              f"and does each program read its own row (row * row_stride)?")
 
 
-@checker("3.3", "fused softmax over rows in Triton")
+@checker("3.3", "fused softmax over rows in Triton", in_kernel="it watches the Triton launches")
 @replayable
 def check_softmax(softmax, cases):
     """softmax(x, out) -> out = softmax of each row of the 2-D float32 x (one program per row, one read, one write)."""

@@ -308,6 +308,20 @@ def _is_greedy_result(load: list[float], counts: list[int]) -> bool:
     return worst <= best_spare * (1 + 1e-12)
 
 
+def _largest_remainders(load: list[float], r: int) -> list[list[int]]:
+    """Two ways a learner allots by largest remainders: shares of all r replicas (at least 1 each), and one replica
+    each then shares of the spares; the leftovers to the largest fractional parts."""
+    out = []
+    for spares in (r, r - len(load)):
+        quota = [x * spares / sum(load) for x in load]
+        counts = [max(1, math.floor(q)) if spares == r else 1 + math.floor(q) for q in quota]
+        order = sorted(range(len(load)), key=lambda i: -(quota[i] - math.floor(quota[i])))
+        for i in order[:max(0, r - sum(counts))]:
+            counts[i] += 1
+        out.append(counts)
+    return out
+
+
 @checker("6.6", "EPLB: how many replicas per expert")
 def check_replica_counts(replica_counts):
     """replica_counts(load [E], num_replicas) -> replicas per expert [E]: one each, then greedily to the expert
@@ -316,7 +330,8 @@ def check_replica_counts(replica_counts):
         rng, gen = cases.rng, cases.gen
         cases_ = [(torch.tensor([10.0, 1, 4]), 6), (torch.tensor([90.0, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183,
                                                                   86]), 16),
-                  (torch.tensor([6.0, 6, 1, 3]), 5)]  # a tie: either of the two experts of load 6 may get the spare
+                  (torch.tensor([6.0, 6, 1, 3]), 5),  # a tie: either of the two experts of load 6 may get the spare
+                  (torch.tensor([3.0, 18, 13]), 9)]  # largest remainders give [2, 4, 3]; the greedy rule [1, 5, 3]
         for _ in range(3):
             e = rng.randint(2, 40)
             cases_.append(((torch.rand(e, generator=gen) ** 3 * 1000).round() + 1, e + rng.randint(0, 2 * e)))
@@ -343,6 +358,10 @@ def check_replica_counts(replica_counts):
             if got == proportional and got != ref:
                 fail(f"{args}: counts proportional to the load (rounded) are not the greedy rule; give one spare at "
                      f"a time to the largest load per replica")
+            if got != ref and got in _largest_remainders(load.tolist(), r):
+                fail(f"{args} = {got}: that is proportional shares with the leftovers to the largest remainders "
+                     f"(Hamilton's method), not the greedy rule ({ref}): give one spare at a time to the expert with "
+                     f"the largest load per replica right now")
             if got != ref and _is_greedy_result(load.tolist(), got):
                 continue  # a different tie-break of the same rule
             expect_equal(got, ref, args)

@@ -1,0 +1,207 @@
+"""Labs 06-08 and 11-13: each checker's three most likely wrong answers, and the words that name each one (see
+test_wrong_answers.py). 13.1 is another change's; 7.4's and 6.3's named mistakes live in their lab test files."""
+import math
+
+import pytest
+import torch
+from learner import own_copy
+
+from common.exercises import lab06, lab07, lab08, lab11, lab12, lab13
+from common.moe import moe
+from test_wrong_answers import run_named
+
+_gate = own_copy(moe.deepseek_v3_gate)  # a learner's gate: the same logic in their own code, to perturb
+EXPERT = lambda h, f: 3 * h * f  # noqa: E731
+
+
+def _params(h, f, nr, ns, k, L, matrices=3, router=True, shared=True, layers=True):
+    per = matrices * h * f
+    gate = nr * h if router else 0
+    n = L if layers else 1
+    return (n * ((nr + (ns if shared else 0)) * per + gate), n * ((k + (ns if shared else 0)) * per + gate))
+
+
+def _ring(n, p, a, bw):
+    return 2 * (p - 1) * a + 2 * (p - 1) / p * n / bw if p > 1 else 0.0
+
+
+def _allreduce(alg, n, p, a, bw, mistake=None):
+    if p == 1:
+        return 0.0
+    lg = math.ceil(math.log2(p))
+    if alg == "ring":
+        if mistake == "rs":
+            return (p - 1) * a + (p - 1) / p * n / bw
+        if mistake == "whole":
+            return 2 * (p - 1) * (a + n / bw)
+        return _ring(n, p, a, bw)
+    if alg == "tree":
+        return (lg if mistake == "up" else 2 * lg) * (a + n / bw)
+    return ((2 * lg) if mistake == "rd_bcast" else lg) * (a + n / bw)
+
+
+def _fit(sizes, times, p, relative=True, divide=True, slope=False):
+    import numpy as np
+    s, t = np.asarray(sizes, float), np.asarray(times, float)
+    a = np.stack([np.full(len(s), 2.0 * (p - 1) if divide else 1.0), 2 * (p - 1) / p * s], 1)
+    w = 1 / t if relative else np.ones_like(t)
+    x, *_ = np.linalg.lstsq(a * w[:, None], t * w, rcond=None)
+    return float(x[0]), float(x[1] if slope else 1 / x[1])
+
+
+def _order(pp, m, s, warm=None, gpipe=False):
+    if gpipe:
+        return [("F", j) for j in range(m)] + [("B", j) for j in range(m)]
+    w = min(pp - 1 - s if warm is None else warm, m)
+    out = [("F", j) for j in range(w)]
+    f, b = w, 0
+    while b < m:
+        if f < m:
+            out.append(("F", f))
+            f += 1
+        out.append(("B", b))
+        b += 1
+    return out
+
+
+def _bubble(name, pp, F, B, W, FB, mistake=None):
+    if name in ("gpipe", "1f1b"):
+        return (pp - 1) * (F + B) / (pp if mistake == "per_pp" else 1)
+    if name == "zb1p":
+        return (pp - 1) * (F + B - (0 if mistake == "zb_as_1f1b" else 2 * W))
+    pair = F + B if mistake == "fb_sum" else FB
+    return max(0, pp // 2 - 1) * (pair + B - 3 * W)
+
+
+WRONG = {
+    # ------------------------------------------------------------------------------------------- lab 06
+    lab06.check_moe_ffn_params: [
+        (lambda *a: _params(*a, matrices=2), "2 matrices per expert"),
+        (lambda *a: _params(*a, router=False), "router is missing"),
+        (lambda *a: _params(*a, layers=False), "one layer's count"),
+    ],
+    lab06.check_deepseek_gate: [
+        (lambda lg, b, k, ng, tg, s: _gate(lg, b, k, 1, 1, s), "ignored the group limit"),
+        (lambda lg, b, k, ng, tg, s: _gate(lg, None, k, ng, tg, s), "bias was not used to choose"),
+        (lambda lg, b, k, ng, tg, s: (lambda w, i: (w / s, i))(*_gate(lg, b, k, ng, tg, s)) if s != 1 else
+         (lambda w, i: (torch.sigmoid(lg).gather(1, i), i))(*_gate(lg, b, k, ng, tg, s)),
+         "route_scale|raw sigmoid scores"),
+    ],
+    lab06.check_update_bias: [
+        (lambda bias, load, g: bias - g * torch.sign(load.mean() - load), "sign is reversed"),
+        (lambda bias, load, g: bias + g * (load.mean() - load), "proportional to the imbalance"),
+        (lambda bias, load, g: bias + g * torch.where(load < load.mean(), 1.0, -1.0), "exactly the mean load"),
+    ],
+    lab06.check_expected_nodes: [
+        (lambda e, k, n: n * (1 - (1 - 1 / n) ** k), "with replacement"),
+        (lambda e, k, n: min(k, n), "most nodes a token can reach"),
+        (lambda e, k, n: n * (1 - math.comb(e - e // n, k) / math.comb(e, k)) if k > 1 else 1.0 + 1e-3,
+         "expected"),
+    ],
+    # ------------------------------------------------------------------------------------------- lab 07
+    lab07.check_allreduce_time: [
+        (lambda alg, n, p, a, bw: _allreduce(alg, n, p, a, bw, "rs"), "reduce-scatter"),
+        (lambda alg, n, p, a, bw: _allreduce(alg, n, p, a, bw, "whole"), "one chunk of n/p bytes"),
+        (lambda alg, n, p, a, bw: _allreduce(alg, n, p, a, bw, "up"), "come back down"),
+    ],
+    lab07.check_bus_factor: [
+        (lambda c, p: 1.0 if c == "all_reduce" else ((p - 1) / p if c != "broadcast" else 1.0), "at p = 2 only"),
+        (lambda c, p: 2 * (p - 1) / p if c != "broadcast" else 1.0, "belongs to the all-reduce only"),
+        (lambda c, p: (p / (2 * (p - 1)) if c == "all_reduce" else p / (p - 1)) if c != "broadcast" else 1.0,
+         "upside down"),
+    ],
+    lab07.check_fit_alpha_beta: [
+        (lambda s, t, p: _fit(s, t, p, relative=False), "absolute"),
+        (lambda s, t, p: _fit(s, t, p, divide=False), "2\\(p-1\\)|2 \\* \\(p - 1\\)|2\\(p - 1\\)"),
+        (lambda s, t, p: _fit(s, t, p, slope=True), "slope"),
+    ],
+    # ------------------------------------------------------------------------------------------- lab 08
+    lab08.check_one_f_one_b_order: [
+        (lambda pp, m, s: _order(pp, m, s, gpipe=True), "that is GPipe"),
+        (lambda pp, m, s: _order(pp, m, s, warm=pp - s), "too many warm-up forwards"),
+        (lambda pp, m, s: _order(pp, m, s, warm=0), "only .* micro-batches in flight"),
+    ],
+    lab08.check_bubble: [
+        (lambda *a: _bubble(*a, mistake="fb_sum"), "uses F \\+ B for the overlapped pair"),
+        (lambda *a: _bubble(*a, mistake="zb_as_1f1b"), "that is 1F1B's bubble"),
+        (lambda *a: _bubble(*a, mistake="per_pp"), "divides by PP"),
+    ],
+    lab08.check_dualpipe_pairs: [
+        (lambda pp: [(r, r) for r in range(pp)], "same direction"),
+        (lambda pp: [(pp - 1 - r, r) for r in range(pp)] if pp % 2 == 0 else None, "enter at rank 0"),
+        (lambda pp: [(r, pp - 1 - r) for r in range(pp)], "returned instead of raising ValueError"),
+    ],
+    # ------------------------------------------------------------------------------------------- lab 11
+    lab11.check_kv_bytes_per_token: [
+        (lambda L, h, kv, d, b: L * h * 2 * d * b, "all .* query heads"),
+        (lambda L, h, kv, d, b: L * kv * d * b, "both K and V are cached"),
+        (lambda L, h, kv, d, b: 2 * kv * d * b, "one layer"),
+    ],
+    lab11.check_mla_bytes_per_token: [
+        (lambda L, r, rope, b: L * r * b, "left out the decoupled RoPE key"),
+        (lambda L, r, rope, b: L * (2 * r + rope) * b, "ONE latent"),
+        (lambda L, r, rope, b: (r + rope) * b, "one layer"),
+    ],
+    lab11.check_paged_waste: [
+        (lambda lengths, b: sum((n // b + 1) * b - n for n in lengths), "n // block \\+ 1"),
+        (lambda lengths, b: sum(n % b for n in lengths), "EMPTY slots"),
+        (lambda lengths, b: -lengths[0] % b, "first sequence only"),
+    ],
+    lab11.check_shared_utilisation: [
+        (lambda d, n, mode: min(n, 7) * d if mode == "mig" else _share(d, n, mode), "hard slice of 1/7"),
+        (lambda d, n, mode: n * min(d, 1 / 7) if mode == "mig" else _share(d, n, mode), "at most 7 MIG instances"),
+        (lambda d, n, mode: min(n, 7) / 7 if mode == "mig" else _share(d, n, mode), "not the whole slice"),
+    ],
+    lab11.check_checkpoint_seconds: [
+        (lambda size, r, nic, store: max(size / r / nic, size / store), "gigaBITS per second"),
+        (lambda size, r, nic, store: size / r / (nic / 8), "shared by all .* writers"),
+        (lambda size, r, nic, store: size / r / (nic / 8) + size / store, "take the slower, not the sum"),
+    ],
+    # ------------------------------------------------------------------------------------------- lab 12 (12.1)
+    lab12.check_idle_share: [
+        (lambda ev, w: 100 * _idle(ev, w), "a percentage"),
+        (lambda ev, w: 1 - _idle(ev, w), "the BUSY share"),
+        (lambda ev, w: 1 - sum(min(e["ts"] + e["dur"], w[1]) - max(e["ts"], w[0]) for e in ev
+                               if e["ts"] + e["dur"] > w[0] and e["ts"] < w[1]) / (w[1] - w[0]),
+         "counted twice"),
+    ],
+    # ------------------------------------------------------------------------------------------- lab 13
+    lab13.check_exposed_all_to_all: [
+        (lambda F, B, cf, cb, ov: (cf + cb - F - B) if ov else cf + cb, "negative"),
+        (lambda F, B, cf, cb, ov: cf + cb, "no overlap counted"),
+        (lambda F, B, cf, cb, ov: (max(0.0, cf - B) + max(0.0, cb - F)) if ov else cf + cb,
+         "behind the other pass's compute separately"),
+    ],
+    lab13.check_gpu_hours: [
+        (lambda s, g, t: s * g * 1e12 / t, "GPU-seconds"),
+        (lambda s, g, t: s * 1e12 / t / 3600, "wall-clock hours"),
+        (lambda s, g, t: s * g / t / 3600, "per token"),
+    ],
+}
+
+
+def _share(d, n, mode):
+    from common.systems import sharing
+    own = own_copy(sharing.shared_utilisation)
+    return own(d, n, mode)
+
+
+def _idle(events, window):
+    lo, hi = window
+    spans = sorted((max(e["ts"], lo), min(e["ts"] + e["dur"], hi)) for e in events if e["ts"] + e["dur"] > lo
+                   and e["ts"] < hi)
+    busy, end = 0.0, lo
+    for s, t in spans:
+        if t > end:
+            busy += t - max(s, end)
+            end = t
+    return 1 - busy / (hi - lo)
+
+
+CASES = [(check, i, wrong, words) for check, answers in WRONG.items() for i, (wrong, words) in enumerate(answers)]
+
+
+@pytest.mark.parametrize("check, i, wrong, words", CASES, ids=[f"{c.exercise}-{i}" for c, i, _, _ in CASES])
+def test_wrong_answer_is_named(check, i, wrong, words):
+    run_named(check, wrong, words)
+
