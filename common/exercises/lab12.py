@@ -65,6 +65,7 @@ def check_moe_grouped_forward(fn, cases):
                                                  (41, 16, 12, 6, 3, (0, 4))]):
         where = f"T={t}, H={h}, F={f}, E={e}, k={k}, unused experts {list(unused)} (seed {seed})"
         x, weights, indices, ws = _moe_case(t, h, f, e, k, seed + i, unused)
+        copies = [a.clone() for a in (x, weights, indices, *ws)]
         rows = []
 
         def act(gate, up):
