@@ -289,8 +289,8 @@ class Verdict:
         return self.shown is not None
 
     def __str__(self) -> str:
-        what = f"{self.slow} vs {self.fast}: {self.shift:+.1%} +- {3 * self.std_err:.1%} (3 standard errors, " \
-               f"{self.n} samples each)"
+        what = f"{self.slow} vs {self.fast}: {self.shift:+.1%} ({1 + self.shift:.2f}x) +- {3 * self.std_err:.1%} " \
+               f"(3 standard errors, {self.n} samples each)"
         if self.shown is None:
             return (f"{what}: too noisy to judge whether it exceeds {self.by:+.0%} -- the machine was too busy "
                     f"for {self.n} samples; the takeaway is not asserted")
