@@ -186,14 +186,15 @@ def finish(runs: list[Run], profile: str, build: Path, strict: bool = False, mac
     path = machine_baseline or results.machine_baseline_path()
     data = results.load_machine_baseline(path)
     first_run = not data and any(run.records for run in runs) and not failures_in(runs)
-    ref = data.get("probe") or baseline.probe_reference([run.moment for run in runs if run.moment])
+    ref = data.get("probe")  # None: a first run, or a baseline recorded before probes (only the load is judged)
     rows = judge(runs, data, ref)
     reruns = []
     if strict and rerun is not None:
         labs = {row["lab"] for row in baseline.candidates(rows)}
         reruns = [rerun(run) for run in runs if run.kind == "solutions" and run.lab in labs]
         rows = baseline.confirm(rows, judge(reruns, data, ref))
-    drift = drift_record(runs, ref)
+    # the drift against the baseline's probe, else within this run (against its own median reading)
+    drift = drift_record(runs, ref or baseline.probe_reference([run.moment for run in runs if run.moment]))
     records = [r for run in runs if run.kind == "solutions" for r in run.records] + ([drift] if drift else [])
     with (build / "results.jsonl").open("w") as f:
         for r in records:
