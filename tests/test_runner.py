@@ -144,3 +144,12 @@ def test_a_busy_machine_is_reported_as_drift_not_regression(tmp_path):
     text = (build / "report.md").read_text()
     assert code == 0 and not reruns and "machine drifted" in text and "`ledger.machine_drift` = -50.0%" in text
     assert "| -50%, others 1.00 cores |" in text
+
+
+def test_a_first_run_with_a_failed_notebook_records_the_others(tmp_path):
+    build, own = tmp_path / "build", tmp_path / "build" / "baselines" / "cpu-test.json"
+    broken = runner.Run("solutions", "96_bad.ipynb", status="failed", error="AssertionError: x",
+                        records=[{**_run(5.0).records[0], "name": "demo.partial", "lab": "96_bad"}])
+    assert runner.finish([_run(1.0), broken], "quick", build, machine_baseline=own) == 1
+    assert list(json.loads(own.read_text())["results"]) == ["demo.speed"]
+    assert "(but those of 96_bad, which failed)" in (build / "report.md").read_text()

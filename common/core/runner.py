@@ -185,7 +185,8 @@ def finish(runs: list[Run], profile: str, build: Path, strict: bool = False, mac
     build.mkdir(parents=True, exist_ok=True)
     path = machine_baseline or results.machine_baseline_path()
     data = results.load_machine_baseline(path)
-    first_run = not data and any(run.records for run in runs) and not failures_in(runs)
+    ok = [run for run in runs if run.kind == "solutions" and run.status == "ok"]
+    first_run = not data and any(run.records for run in ok)  # a failed notebook's results are left out
     ref = data.get("probe")  # None: a first run, or a baseline recorded before probes (only the load is judged)
     rows = judge(runs, data, ref)
     reruns = []
@@ -203,9 +204,12 @@ def finish(runs: list[Run], profile: str, build: Path, strict: bool = False, mac
     (build / "verdicts.json").write_text(json.dumps(rows, indent=1, default=str))
     text = report.render(runs, rows, reruns, profile, data, ref, drift, strict)
     if first_run:
-        write_machine_baseline([{"records": records, "moments": {r.lab: r.moment for r in runs if r.moment}}], path,
+        write_machine_baseline([{"records": [r for run in ok for r in run.records],
+                                 "moments": {run.lab: run.moment for run in ok if run.moment}}], path,
                                note=f"recorded automatically by the first run, {profile}")
-        text += (f"\nThis machine had no baseline: this run's results are now its baseline ({path.name}, one run: "
+        left = [run.lab for run in runs if run.kind == "solutions" and run.status != "ok"]
+        but = f" (but those of {', '.join(left)}, which failed)" if left else ""
+        text += (f"\nThis machine had no baseline: this run's results{but} are now its baseline ({path.name}, one run: "
                  f"each measured result's band is {baseline.DEFAULT_BAND:.0%} until `make baseline` records "
                  f"{baseline.MIN_RUNS} runs); measured results are compared with it from the next run on.\n")
     (build / "report.md").write_text(text)
