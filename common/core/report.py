@@ -92,6 +92,12 @@ def _machine(data: dict, ref: dict | None, drift: dict | None) -> list[str]:
             base += (f"; its probe: copy {p['copy_gbps']:.1f} GB/s, matmul {p['matmul_gflops']:.1f} GFLOP/s, band "
                      f"{p['band']:.0%} over {p['readings']} readings")
     out = [f"Machine: {base}."]
+    busy = (data.get("probe") or {}).get("others")
+    if busy is not None and busy > baseline.LOAD_LIMIT:
+        out.append(f"**The baseline was recorded while other processes used up to {busy:.2f} cores**: its probe band "
+                   f"and its results' bands are those of a busy machine, and a result is judged only at a moment "
+                   f"when others use at most {baseline.LOAD_LIMIT} cores -- record it again on a quiet machine "
+                   "(`make baseline`).")
     if drift is not None:
         out.append(f"This run: `ledger.machine_drift` = {drift['value']:+.1%} (the probe reading farthest from "
                    f"{'the baseline' if data.get('probe') else 'this run'}'s; {drift['note'].split('; ')[-1]}).")
