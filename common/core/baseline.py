@@ -7,13 +7,14 @@ at a time, in three steps:
    BAND_SIGMAS times the spread of its baseline runs, at least MIN_BAND (DEFAULT_BAND when fewer than MIN_RUNS runs
    recorded it). A deterministic result has the tight tolerance of the committed reference;
 2. the machine at that moment: when a probe around the notebook read the machine beyond the probe's own band (its
-   spread over the baseline runs), a worse result is "machine drifted (x%)", not a regression. Otherwise an absolute
+   spread over the baseline runs), or other processes used more than LOAD_LIMIT cores while it ran, a worse result
+   is "machine drifted" (the report gives the drift and the load), not a regression. Otherwise an absolute
    speed (s, ms, us, GB/s, GFLOP/s, ...) that is worse than its band is also divided by the probe (result / probe at
    the same moment, against the baseline's result / probe): within that band it is "ok";
 3. what is left is a candidate, "regression?". `confirm` turns a candidate into "regression" only when a re-run of
    its notebook finds it a candidate again under the same rule, else "not confirmed".
-Kinds: "deterministic" (recorded without a direction or measured=True), "speed" (measured, in a time or rate unit),
-"ratio" (every other measured result: fractions, speed-ups, errors), "ledger" (the runner's own, never judged).
+Kinds: "deterministic" (recorded with neither a direction nor measured=True), "speed" (measured, in a time or rate
+unit), "ratio" (every other measured result: fractions, speed-ups, errors), "ledger" (the runner's own, never judged).
 """
 from __future__ import annotations
 
