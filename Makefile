@@ -75,12 +75,17 @@ refresh: $(VENV)/.installed
 	$(PY) -m common refresh --labs "$(LABS)"
 	$(PY) -m common labs --labs "$(LABS)"
 
-# Record this machine's results from build/results.jsonl as its own baseline, build/baselines/<fingerprint>.json
-# (the first `make run` does this by itself). Maintainers: REFERENCE=1 writes the committed
-# data/baselines/<device>.json instead (deterministic results only; they are judged on every machine).
+# Record this machine's baseline, build/baselines/<fingerprint>.json: the solutions run RUNS times (default 3), each
+# measured result stored with its median and a band from its own spread, the machine probe's with its band (the
+# first `make run` records a one-run baseline by itself). FROM_LAST=1: from the last `make run` only. Maintainers:
+# REFERENCE=1 writes the committed data/baselines/<device>.json instead (deterministic results only; they are judged
+# on every machine).
 REFERENCE ?=
+FROM_LAST ?=
+RUNS ?= 3
 baseline: $(VENV)/.installed
-	$(PY) -m common baseline $(if $(REFERENCE),--reference)
+	$(PY) -m common baseline --runs $(RUNS) --profile "$(PROFILE)" --labs "$(LABS)" \
+		$(if $(REFERENCE),--reference) $(if $(FROM_LAST),--from-last)
 
 # On a GPU machine: the kernels' notebooks at full size, and the benchmarks, results under $${OUT:-build/gpu}.
 gpu-check: $(VENV)/.installed

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from common.core import notebooks, runner
+from common.core import baseline, notebooks, results, runner
 
 
 def main(argv=None) -> int:
@@ -23,14 +23,19 @@ def main(argv=None) -> int:
     r.add_argument("--strict", action="store_true", help="also fail on performance regressions")
     f = sub.add_parser("refresh", help="maintainer: re-execute solutions in place to refresh reference outputs")
     f.add_argument("--labs", default="")
-    b = sub.add_parser("baseline", help="record this machine's baseline (build/baselines/<fingerprint>.json) from "
-                                        "build/results.jsonl")
-    b.add_argument("--tolerance", type=float, default=runner.MEASURED_TOLERANCE,
-                   help="relative tolerance of measured results")
-    b.add_argument("--note", default="")
+    b = sub.add_parser("baseline", help="record this machine's baseline (build/baselines/<fingerprint>.json): run "
+                                        "the solutions --runs times, or take the last run's ledger (--from-last)")
+    b.add_argument("--runs", type=int, default=3, help="how many runs of the solutions (at least 3 give each "
+                                                       "measured result a band from its own spread)")
+    b.add_argument("--labs", default="", help='subset, e.g. "01 02" (other entries of the baseline are kept)')
+    b.add_argument("--profile", default="auto")
+    b.add_argument("--from-last", action="store_true", help="no execution: build/results.jsonl and "
+                                                            "build/moments.json of the last `make run` (one run)")
+    b.add_argument("--tolerance", type=float, default=baseline.DEFAULT_BAND,
+                   help="the band of a measured result seen in fewer than 3 runs (relative)")
     b.add_argument("--reference", action="store_true",
-                   help="maintainer: write the committed reference data/baselines/<device>.json instead "
-                        "(deterministic results only)")
+                   help="maintainer: write the committed reference data/baselines/<device>.json from "
+                        "build/results.jsonl instead (deterministic results only)")
     m = sub.add_parser("machine", help="print this machine's profile (ceilings, caches), measuring it if absent")
     m.add_argument("--refresh", action="store_true", help="measure again and save")
     sub.add_parser("inventory", help="print this machine's inventory as JSON")
@@ -64,27 +69,7 @@ def main(argv=None) -> int:
         runner.refresh_solutions(runner.select(a.labs))
         return 0
     if a.cmd == "baseline":
-        from common.core import results
-        records = results.read_ledger(runner.BUILD / "results.jsonl")
-        if not records:
-            print("build/results.jsonl is empty: run `make run` first")
-            return 1
-        if a.tolerance <= 0:
-            print(f"--tolerance={a.tolerance} must be > 0 (a relative tolerance, e.g. 0.5)")
-            return 2
-        if not a.reference:
-            path = runner.write_machine_baseline(records, results.machine_baseline_path(), a.tolerance, a.note)
-            print(f"wrote {path.relative_to(runner.REPO_ROOT)} ({len(records)} results): this machine's baseline")
-            return 0
-        by_device = {}
-        for rec in records:
-            by_device.setdefault(rec["device"], []).append(rec)
-        for device, recs in by_device.items():
-            path = runner.REPO_ROOT / "data" / "baselines" / f"{device}.json"
-            data = results.make_baseline(recs, device, a.tolerance, a.note, deterministic_only=True)
-            path.write_text(json.dumps(data, indent=1) + "\n")
-            print(f"wrote {path.relative_to(runner.REPO_ROOT)} ({len(data['results'])} deterministic results)")
-        return 0
+        return _baseline(a)
     if a.cmd == "machine":
         from common.core import ceilings, env
         env.setup("machine", quiet=True)
@@ -111,6 +96,42 @@ def main(argv=None) -> int:
         print(json.dumps(env.inventory(), indent=1))
         return 0
     return 2
+
+
+def _baseline(a) -> int:
+    if a.tolerance <= 0:
+        print(f"--tolerance={a.tolerance} must be > 0 (a relative band, e.g. 0.5)")
+        return 2
+    if a.reference or a.from_last:
+        records = results.read_ledger(runner.BUILD / "results.jsonl")
+        if not records:
+            print("build/results.jsonl is empty: run `make run` first")
+            return 1
+    if a.reference:
+        by_device = {}
+        for rec in records:
+            by_device.setdefault(rec["device"], []).append(rec)
+        for device, recs in by_device.items():
+            path = runner.REPO_ROOT / "data" / "baselines" / f"{device}.json"
+            data = baseline.make([{"records": recs}], device, deterministic_only=True)
+            data = {k: data[k] for k in ("device", "note", "results")}
+            path.write_text(json.dumps(data, indent=1) + "\n")
+            print(f"wrote {path.relative_to(runner.REPO_ROOT)} ({len(data['results'])} deterministic results)")
+        return 0
+    if a.from_last:
+        moments_file = runner.BUILD / "moments.json"
+        moments = json.loads(moments_file.read_text()) if moments_file.exists() else {}
+        path = runner.write_machine_baseline([{"records": records, "moments": moments}],
+                                             results.machine_baseline_path(), a.tolerance, "from the last run")
+    else:
+        if a.runs < 1:
+            print(f"--runs={a.runs} must be >= 1 (3 or more give each result a band from its own spread)")
+            return 2
+        path = runner.record_baseline(a.runs, a.profile, a.labs, default_band=a.tolerance)
+    data = results.load_machine_baseline(path)
+    print(f"wrote {path.relative_to(runner.REPO_ROOT)} ({len(data['results'])} results, {data.get('runs', 1)} "
+          f"run(s)): this machine's baseline")
+    return 0
 
 
 if __name__ == "__main__":

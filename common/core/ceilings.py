@@ -5,6 +5,8 @@ Lab 00 introduces them, lab 02 draws them as the measured roofline, later labs e
 through `machine_profile()`, so every lab of a run uses the same roof. Copy bandwidth counts read + write bytes (a copy
 of N bytes moves 2N; on a CPU, write-allocate makes the memory really move up to 3N, see `copy_bytes`). Matmul rate
 counts 2*M*N*K FLOPs. A ceiling is an upper bound, so it is the best of several timed blocks, not their median.
+`Probe` is the same two measurements made short (a few tenths of a second) and typical (medians, not bests): the
+machine's speed at one moment, which `make run` reads around every notebook to judge results against.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from common.core import timing
 from common.core.env import REPO_ROOT, current
-from common.core.validate import whole
+from common.core.validate import number, whole
 
 MACHINE_DIR = REPO_ROOT / "build" / "machine"
 MATMUL_N = {"cpu": 1024, "cuda": 8192}  # the ceilings' square matmul: large enough to be compute-bound
@@ -406,3 +408,33 @@ def machine_profile(refresh: bool = False, min_run_time: float = 0.1, keep_best:
         mm = old.matmul if old.matmul.value > mm.value else mm
     return _save(MachineProfile(fp, dev, n_threads, caches, buf, mm_n, copy, mm,
                                 extras={"device_name": current().device_name}))
+
+
+# ------------------------------------------------------------------------------------------------------ the probe
+class Probe:
+    """The machine's speed now: the ceilings' copy (past the last-level cache) and square matmul (MATMUL_N), each
+    the median of its timed blocks, over `rounds` rounds taking turns, with torch's thread count. A call returns
+    {"copy_gbps", "matmul_gflops", "seconds"}; it takes a few tenths of a second on an idle machine. The copy
+    buffers are filled once, on the first call, and kept (`close()` frees them)."""
+
+    def __init__(self, rounds: int = 2, min_run_time: float = 0.02):
+        self.rounds = whole("rounds", rounds)
+        self.min_run_time = number("min_run_time", min_run_time, meaning="seconds")
+        self._buffers = None
+
+    def __call__(self) -> dict:
+        import statistics
+        import time
+        start = time.perf_counter()
+        dev = current().device
+        if self._buffers is None:
+            self._buffers = _copy_buffers(dram_buffer_bytes(device=dev), dev)
+        copies, mms = [], []
+        for _ in range(self.rounds):
+            copies.append(_time_copy(*self._buffers, dev, self.min_run_time, None, best=False).value)
+            mms.append(measure_matmul_rate(MATMUL_N[dev], device=dev, min_run_time=self.min_run_time).value)
+        return {"copy_gbps": statistics.median(copies), "matmul_gflops": statistics.median(mms),
+                "seconds": time.perf_counter() - start}
+
+    def close(self) -> None:
+        self._buffers = None

@@ -6,6 +6,11 @@ regression-rule references.
 launch, not the work -- the classic GPU timing bug, reproduced on a CPU. `QueueEvent` is its
 `torch.cuda.Event(enable_timing=True)`: `record()` enqueues a time stamp, `elapsed_time(end)` reads milliseconds
 between two completed stamps (and refuses, like CUDA, before both have completed).
+
+`judge_slower` is the discipline every measured takeaway follows: interleaved samples, a noise estimate, and a
+verdict only when the noise lets it be reached -- more samples until it is, bounded, else "too noisy".
+`WORKBOOK_INJECT_SLOWDOWN=3` (set only by tests/test_runner.py) makes `interleaved_samples` sleep inside each timed
+call, twice its own time: a planted 3x slowdown that `make run STRICT=1` must catch.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import queue
 import statistics
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 
@@ -160,13 +166,16 @@ def surely_caught(shift: float, baseline: Sequence[float], candidate: Sequence[f
 
 
 def warm_vs_cold_bandwidth(nbytes: int, n_buffers: int, samples: int = 100, device: str | None = None,
-                           n_threads: int | None = 1) -> dict:
+                           n_threads: int | None = 1, by: float = 0.10, max_samples: int | None = None) -> dict:
     """Read bandwidth (GB/s, median of interleaved samples) of summing an nbytes buffer two ways: "warm", the same
     buffer every call (it stays in cache), and "cold", a rotation over n_buffers distinct buffers (each call touches
     memory the cache has evicted). Interleaving makes a busy machine slow both alike. On a GPU both are timed in
     batches between CUDA events without an L2 flush (a read of an L2-resident buffer takes microseconds, less than
     a host synchronisation, and a flush would empty the very cache being measured). On a CPU the sums run on
-    `n_threads` threads (one by default: the lesson is the cache, not the thread pool's hand-off cost)."""
+    `n_threads` threads (one by default: the lesson is the cache, not the thread pool's hand-off cost).
+
+    "verdict" (a `Verdict`): whether the cold read is slower than the warm one by more than `by`, judged at the
+    samples' noise; on a CPU more samples are taken (up to `max_samples`, default 4 x samples) while it is open."""
     import torch
 
     from common.core.env import current
@@ -183,19 +192,47 @@ def warm_vs_cold_bandwidth(nbytes: int, n_buffers: int, samples: int = 100, devi
     moved = (nbytes // 4) * 4
     if dev == "cuda":
         from common.core import timing
-        times = {name: timing.bench(fn, label=name, device="cuda", flush_l2=False, min_run_time=0.05).median_s
+        times = {name: timing.bench(fn, label=name, device="cuda", flush_l2=False, min_run_time=0.05)
                  for name, fn in (("warm", lambda: bufs[0].sum()), ("cold", cold))}
-        return {k: moved / v / 1e9 for k, v in times.items()}
+        w, c = times["warm"].times, times["cold"].times
+        shift = statistics.median(c) / statistics.median(w) - 1.0
+        verdict = Verdict("cold", "warm", by, decide(w, c, by), shift, shift_std_err(w, c), min(len(w), len(c)),
+                          {"warm": w, "cold": c})
+        return {"warm": moved / times["warm"].median_s / 1e9, "cold": moved / times["cold"].median_s / 1e9,
+                "verdict": verdict}
     from common.core.ceilings import threads
     with threads(n_threads):
-        runs = interleaved_samples({"warm": lambda: bufs[0].sum(), "cold": cold}, samples)
-    return {k: moved / statistics.median(v) / 1e9 for k, v in runs.items()}
+        verdict = judge_slower({"warm": lambda: bufs[0].sum(), "cold": cold}, "cold", "warm", by=by, n=samples,
+                               max_n=max_samples or 4 * samples)
+    out = {k: moved / statistics.median(v) / 1e9 for k, v in verdict.samples.items()}
+    out["verdict"] = verdict
+    return out
+
+
+INJECT_ENV = "WORKBOOK_INJECT_SLOWDOWN"
+
+
+def injected_slowdown() -> float:
+    """The factor of a planted slowdown (1.0: none): WORKBOOK_INJECT_SLOWDOWN, which only the runner's test sets."""
+    raw = os.environ.get(INJECT_ENV, "").strip()
+    if not raw:
+        return 1.0
+    try:
+        factor = float(raw)
+    except ValueError:
+        raise ValueError(f"{INJECT_ENV}={raw!r} is not a number; use a factor >= 1, e.g. 3") from None
+    if not factor >= 1.0:
+        raise ValueError(f"{INJECT_ENV}={raw!r} must be a factor >= 1, e.g. 3")
+    return factor
 
 
 def interleaved_samples(fns: dict, n: int, sync: Callable[[], None] = lambda: None) -> dict:
-    """n timings (seconds) of each function, taken round-robin so slow drifts of the machine hit all of them alike."""
+    """n timings (seconds) of each function, taken round-robin so slow drifts of the machine hit all of them alike.
+
+    Under WORKBOOK_INJECT_SLOWDOWN=f each timed call also sleeps (f - 1) times its own time inside the timing."""
     if n < 1:
         raise ValueError(f"n={n} must be >= 1")
+    slowdown = injected_slowdown()
     out = {name: [] for name in fns}
     for fn in fns.values():  # warm-up
         fn()
@@ -205,8 +242,87 @@ def interleaved_samples(fns: dict, n: int, sync: Callable[[], None] = lambda: No
             start = time.perf_counter()
             fn()
             sync()
+            if slowdown > 1.0:
+                time.sleep((slowdown - 1.0) * (time.perf_counter() - start))
             out[name].append(time.perf_counter() - start)
     return out
+
+
+def _interleaved_values(fns: dict, n: int) -> dict:
+    """n values of each function (each returns its own measured seconds), called round-robin."""
+    out = {name: [] for name in fns}
+    for _ in range(n):
+        for name, fn in fns.items():
+            out[name].append(float(fn()))
+    return out
+
+
+def decide(fast: Sequence[float], slow: Sequence[float], by: float = 0.0) -> bool | None:
+    """Whether `slow`'s median exceeds `fast`'s by more than `by` (relative), at this noise: True when the shift,
+    less three standard errors (`shift_std_err`), still clears `by`; False when the shift plus three standard errors
+    stays below it; None when the noise leaves it open. True implies `is_regression(fast, slow, by)` for by >= 0."""
+    if len(fast) < 3 or len(slow) < 3:
+        raise ValueError(f"need >= 3 samples on each side, got {len(fast)} and {len(slow)}")
+    shift = statistics.median(slow) / statistics.median(fast) - 1.0
+    err = shift_std_err(fast, slow)
+    if shift - 3.0 * err > by:
+        return True
+    if shift + 3.0 * err < by:
+        return False
+    return None
+
+
+@dataclass
+class Verdict:
+    """What `judge_slower` found: `shown` is True (the effect is there), False (it is not), None (too noisy)."""
+    slow: str
+    fast: str
+    by: float
+    shown: bool | None
+    shift: float  # median(slow) / median(fast) - 1
+    std_err: float  # of that shift
+    n: int  # samples per function
+    samples: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def judged(self) -> bool:
+        return self.shown is not None
+
+    def __str__(self) -> str:
+        what = f"{self.slow} vs {self.fast}: {self.shift:+.1%} ({1 + self.shift:.2f}x) +- {3 * self.std_err:.1%} " \
+               f"(3 standard errors, {self.n} samples each)"
+        if self.shown is None:
+            return (f"{what}: too noisy to judge whether it exceeds {self.by:+.0%} -- the machine was too busy "
+                    f"for {self.n} samples; the takeaway is not asserted")
+        return f"{what}: {'exceeds' if self.shown else 'does NOT exceed'} {self.by:+.0%}"
+
+
+def judge_slower(fns: dict, slow: str, fast: str, by: float = 0.0, n: int = 20, max_n: int = 80,
+                 sync: Callable[[], None] = lambda: None, returns_seconds: bool = False) -> Verdict:
+    """Is `fns[slow]` slower than `fns[fast]` by more than `by` (relative; 0.3 = 30%)? Samples every function in
+    `fns` interleaved, `n` at a time, until `decide` reaches a verdict or `max_n` samples each are in; a verdict
+    still open then is "too noisy" (shown=None): assert a takeaway only when `judged`.
+
+    Each function is timed with `interleaved_samples` (and `sync`); with `returns_seconds=True` each returns its own
+    measured seconds instead (an event timer, a scaled timing), and is only called."""
+    for name in (slow, fast):
+        if name not in fns:
+            raise ValueError(f"{name!r} is not one of the functions {list(fns)}")
+    if slow == fast:
+        raise ValueError(f"slow and fast are both {slow!r}: compare two different functions")
+    if not isinstance(n, int) or n < 3 or not isinstance(max_n, int) or max_n < n:
+        raise ValueError(f"n={n!r} must be an int >= 3 and max_n={max_n!r} an int >= n")
+    samples = {name: [] for name in fns}
+    while True:
+        got = _interleaved_values(fns, n) if returns_seconds else interleaved_samples(fns, n, sync)
+        for name, values in got.items():
+            samples[name] += values
+        shown = decide(samples[fast], samples[slow], by)
+        if shown is not None or len(samples[fast]) + n > max_n:
+            break
+    shift = statistics.median(samples[slow]) / statistics.median(samples[fast]) - 1.0
+    return Verdict(slow, fast, by, shown, shift, shift_std_err(samples[fast], samples[slow]), len(samples[fast]),
+                   samples)
 
 
 @contextlib.contextmanager

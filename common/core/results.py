@@ -2,7 +2,7 @@
 
 `record("machine.copy_gbps", 12.3, "GB/s")` appends one JSON line {name, value, unit, lab, device, profile, ...} to
 the file named by WORKBOOK_RESULTS (the runner sets it per notebook), else to build/interactive/results.jsonl.
-`compare_with_baseline` checks a list of records against a baseline within each entry's tolerance.
+`common.core.baseline` builds baselines from ledgers and judges a run against them.
 
 Two baselines, two jobs. Measured results (times, bandwidths) are compared only with a baseline of THIS machine,
 build/baselines/<fingerprint>.json (recorded by `python -m common baseline`, or automatically by the first run), so a
@@ -21,7 +21,6 @@ from common.core.env import REPO_ROOT, current
 
 NAME_RE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+|\.[A-Za-z0-9_-]+)*$")
 _session: list[dict] = []
-DETERMINISTIC_TOLERANCE = 1e-4
 
 
 def ledger_path() -> Path:
@@ -98,71 +97,17 @@ def machine_baseline_path(fingerprint: str | None = None) -> Path:
     return REPO_ROOT / "build" / "baselines" / f"{fingerprint or fp()}.json"
 
 
-def load_machine_baseline(fingerprint: str | None = None) -> dict:
-    path = machine_baseline_path(fingerprint)
-    return json.loads(path.read_text()).get("results", {}) if path.exists() else {}
+def load_machine_baseline(path: Path | None = None) -> dict:
+    """This machine's baseline file ({"results": ..., "probe": ..., "runs": ...}), {} when it has none."""
+    path = Path(path or machine_baseline_path())
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def baselines_for(device_id: str, machine: dict, reference_root: Path = REPO_ROOT / "data" / "baselines") -> dict:
     """The baseline to compare a run with: measured entries from this machine's own baseline only, deterministic
     entries from the committed reference device (falling back to this machine's)."""
-    reference = {k: v for k, v in load_baseline(device_id, reference_root).items() if not _is_measured(v)}
+    reference = {k: v for k, v in load_baseline(device_id, reference_root).items()
+                 if not v.get("measured", "higher_is_better" in v)}
     own = dict(machine)
     own.update(reference)
     return own
-
-
-def _is_measured(entry: dict) -> bool:
-    return bool(entry.get("measured", "higher_is_better" in entry))
-
-
-def compare_with_baseline(records: list[dict], baseline: dict) -> list[dict]:
-    """Each record with `baseline`, `ratio` and `status`: ok / regression / improved / drift / changed / new.
-
-    A measured result is a regression when it is worse than the baseline by more than the entry's relative tolerance
-    (worse means lower when higher_is_better, higher when not), "drift" when it has no direction. A deterministic
-    result that moves beyond its tolerance is "changed": the arithmetic changed, which counts as a failure.
-    """
-    out = []
-    for rec in records:
-        row = dict(rec)
-        base = baseline.get(rec["name"])
-        if base is None:
-            row.update(status="new", baseline=None, ratio=None)
-            out.append(row)
-            continue
-        b, tol = float(base["value"]), float(base.get("tolerance", 0.0))
-        ratio = rec["value"] / b if b else (1.0 if rec["value"] == 0 else float("inf"))
-        hib = base.get("higher_is_better", rec.get("higher_is_better"))
-        measured = base.get("measured", "higher_is_better" in base)
-        if abs(ratio - 1.0) <= tol + 1e-9:
-            status = "ok"
-        elif not measured:
-            status = "changed"
-        elif hib is None:
-            status = "drift"
-        elif (ratio > 1.0) == bool(hib):
-            status = "improved"
-        else:
-            status = "regression"
-        row.update(status=status, baseline=b, ratio=ratio)
-        out.append(row)
-    return out
-
-
-def make_baseline(records: list[dict], device_id: str, measured_tolerance: float, note: str = "",
-                  deterministic_only: bool = False) -> dict:
-    """A baseline file's content from ledger records: deterministic results get a tight tolerance (1e-4: enough for
-    float sums that differ in the last bits between CPUs, far too tight for a changed formula), measured ones
-    `measured_tolerance`."""
-    results = {}
-    for r in records:
-        measured = r.get("measured", "higher_is_better" in r)
-        if measured and deterministic_only:
-            continue
-        entry = {"value": r["value"], "unit": r["unit"], "tolerance": measured_tolerance if measured else DETERMINISTIC_TOLERANCE,
-                 "measured": measured}
-        if "higher_is_better" in r:
-            entry["higher_is_better"] = r["higher_is_better"]
-        results[r["name"]] = entry
-    return {"device": device_id, "note": note, "results": dict(sorted(results.items()))}

@@ -3,8 +3,12 @@
 `python -m common run --profile quick --labs "02 04"` executes the chosen solutions and their unsolved labs into
 build/executed/, gathers build/results.jsonl and writes build/report.md with per-notebook status, wall time, key
 results and their comparison with the baselines: measured results against this machine's own baseline
-(build/baselines/<fingerprint>.json, recorded automatically by the first run), deterministic ones against the committed
-reference, data/baselines/<device>.json. It writes nothing outside build/ (and temp folders).
+(build/baselines/<fingerprint>.json, recorded automatically by the first run, or over several runs by
+`record_baseline`), deterministic ones against the committed reference, data/baselines/<device>.json. Each solution
+runs inside a `watch.Watch` (a machine probe before and after, other processes' load during), and
+`common.core.baseline` judges its results against the baseline and that moment. With `strict`, a notebook with a
+candidate regression is run once more and fails the run only when the re-run confirms it. It writes nothing outside
+build/ (and temp folders).
 """
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.core import notebooks, results
+from common.core import baseline, notebooks, report, results
 from common.core.env import PROFILES, REPO_ROOT
+from common.core.watch import Watch
 
 BUILD = REPO_ROOT / "build"
 KINDS = ("solutions", "labs")
@@ -33,6 +38,11 @@ class Run:
     seconds: float = 0.0
     error: str = ""
     records: list = field(default_factory=list)
+    moment: dict | None = None  # the machine around it (watch.Watch): probes before and after, others' load
+
+    @property
+    def lab(self) -> str:
+        return self.name[:-6]
 
 
 def select(labs: str | None, folder: Path = notebooks.SOLUTIONS) -> list[str]:
@@ -93,8 +103,9 @@ def execute(src: Path, profile: str, out_dir: Path, kind: str = "solutions", tim
 
 
 def run_all(profile: str = "auto", labs: str | None = None, kinds=KINDS, build: Path = BUILD,
-            strict: bool = False) -> int:
-    """The `make run` job; returns the process exit code."""
+            strict: bool = False, watch=None, machine_baseline: Path | None = None) -> int:
+    """The `make run` job; returns the process exit code. `watch`: a `watch.Watch` (default: the real probe);
+    `machine_baseline`: the baseline file (default: this machine's, build/baselines/<fingerprint>.json)."""
     from tqdm.auto import tqdm
     check_profile(profile)
     names = select(labs)
@@ -102,95 +113,163 @@ def run_all(profile: str = "auto", labs: str | None = None, kinds=KINDS, build: 
         if kind not in KINDS:
             raise SystemExit(f"kind {kind!r} is not one of {', '.join(KINDS)}")
     jobs = [(kind, n) for n in names for kind in kinds if (REPO_ROOT / kind / n).exists()]
+    watch = watch or Watch()
     runs = []
     bar = tqdm(jobs, desc="notebooks", unit="nb", file=sys.stdout)
     for kind, name in bar:
         bar.set_postfix_str(f"{kind}/{name}")
-        run = execute(REPO_ROOT / kind / name, profile, build / "executed" / kind, kind)
+        run = watched(watch, REPO_ROOT / kind / name, profile, build / "executed" / kind, kind)
         runs.append(run)
-        tqdm.write(f"{'ok    ' if run.status == 'ok' else 'FAILED'} {kind}/{name} in {run.seconds:.1f} s"
-                   + (f" -- {run.error}" if run.status != "ok" else ""), file=sys.stdout)
-    return write_report(runs, profile, build, strict)
+        tqdm.write(_line(run), file=sys.stdout)
+
+    def rerun(run: Run) -> Run:
+        again = watched(watch, REPO_ROOT / run.kind / run.name, profile, build / "executed" / "confirm", run.kind)
+        print(_line(again, "re-run"), flush=True)
+        return again
+
+    try:
+        return finish(runs, profile, build, strict, machine_baseline, rerun)
+    finally:
+        watch.close()
 
 
-MEASURED_TOLERANCE = 0.5  # relative: a shared 2-core machine's run-to-run noise, see README "Reading the report"
+def _line(run: Run, what: str = "") -> str:
+    return (f"{'ok    ' if run.status == 'ok' else 'FAILED'} {what + ' ' if what else ''}{run.kind}/{run.name} in "
+            f"{run.seconds:.1f} s" + (f" -- {run.error}" if run.status != "ok" else ""))
 
 
-def write_machine_baseline(records: list[dict], path: Path, tolerance: float = MEASURED_TOLERANCE,
-                           note: str = "") -> Path:
-    """This machine's baseline from a run's records (all devices in one file, keyed by name)."""
-    by_device: dict[str, list] = {}
+def watched(watch, src: Path, profile: str, out_dir: Path, kind: str) -> Run:
+    """`execute`, inside the watch when it is a solution (the notebooks whose results are judged)."""
+    if kind != "solutions" or watch is None:
+        return execute(src, profile, out_dir, kind)
+    run, moment = watch.run(lambda: execute(src, profile, out_dir, kind))
+    run.moment = moment
+    return run
+
+
+def _by_device(records: list[dict]) -> dict:
+    out: dict[str, list] = {}
     for r in records:
-        by_device.setdefault(r["device"], []).append(r)
-    data = {"results": {}}
-    for device, recs in by_device.items():
-        made = results.make_baseline(recs, device, tolerance, note)
-        data.update(device=device, note=made["note"])
+        out.setdefault(r["device"], []).append(r)
+    return out
+
+
+def judge(runs: list[Run], data: dict, ref: dict | None) -> list[dict]:
+    """Rows of `baseline.judge` for the solutions' records of `runs` against the machine baseline file `data`."""
+    moments = {run.lab: run.moment for run in runs if run.moment}
+    rows = []
+    for device, recs in _by_device([r for run in runs if run.kind == "solutions" for r in run.records]).items():
+        rows += baseline.judge(recs, results.baselines_for(device, data.get("results", {})), moments, ref)
+    return rows
+
+
+def drift_record(runs: list[Run], ref: dict | None) -> dict | None:
+    """The `ledger.machine_drift` record: the probe reading farthest from the reference over the run (-0.4: the
+    machine ran 40% slower at that moment than at its baseline), with the most cores other processes used."""
+    seen = [baseline.machine_at(run.moment, ref) for run in runs if run.moment]
+    seen = [at for at in seen if at]
+    drifts = [at["drift"] for at in seen if at["drift"] is not None]
+    if not drifts:
+        return None
+    others = [at["others"] for at in seen if at.get("others") is not None]
+    device = next((r["device"] for run in runs for r in run.records), "cpu")
+    return {"name": "ledger.machine_drift", "value": max(drifts, key=abs), "unit": "fraction", "lab": "ledger",
+            "device": device, "measured": True, "note": f"probe farthest from the baseline's over {len(drifts)} "
+            f"notebooks; others used up to {max(others, default=0.0):.2f} cores"}
+
+
+def finish(runs: list[Run], profile: str, build: Path, strict: bool = False, machine_baseline: Path | None = None,
+           rerun=None) -> int:
+    """Judge the runs, confirm candidates (strict: `rerun(run)` executes a notebook again), write the ledger, the
+    report and, on a machine without one, its baseline; return the exit code."""
+    build.mkdir(parents=True, exist_ok=True)
+    path = machine_baseline or results.machine_baseline_path()
+    data = results.load_machine_baseline(path)
+    ok = [run for run in runs if run.kind == "solutions" and run.status == "ok"]
+    first_run = not data and any(run.records for run in ok)  # a failed notebook's results are left out
+    ref = data.get("probe")  # None: a first run, or a baseline recorded before probes (only the load is judged)
+    rows = judge(runs, data, ref)
+    reruns = []
+    if strict and rerun is not None:
+        labs = {row["lab"] for row in baseline.candidates(rows)}
+        reruns = [rerun(run) for run in runs if run.kind == "solutions" and run.lab in labs]
+        rows = baseline.confirm(rows, judge(reruns, data, ref))
+    # the drift against the baseline's probe, else within this run (against its own median reading)
+    drift = drift_record(runs, ref or baseline.probe_reference([run.moment for run in runs if run.moment]))
+    records = [r for run in runs if run.kind == "solutions" for r in run.records] + ([drift] if drift else [])
+    with (build / "results.jsonl").open("w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    (build / "moments.json").write_text(json.dumps({run.lab: run.moment for run in runs if run.moment}, indent=1))
+    (build / "verdicts.json").write_text(json.dumps(rows, indent=1, default=str))
+    text = report.render(runs, rows, reruns, profile, data, ref, drift, strict)
+    if first_run:
+        write_machine_baseline([{"records": [r for run in ok for r in run.records],
+                                 "moments": {run.lab: run.moment for run in ok if run.moment}}], path,
+                               note=f"recorded automatically by the first run, {profile}")
+        left = [run.lab for run in runs if run.kind == "solutions" and run.status != "ok"]
+        but = f" (but those of {', '.join(left)}, which failed)" if left else ""
+        text += (f"\nThis machine had no baseline: this run's results{but} are now its baseline ({path.name}, one run: "
+                 f"each measured result's band is {baseline.DEFAULT_BAND:.0%} until `make baseline` records "
+                 f"{baseline.MIN_RUNS} runs); measured results are compared with it from the next run on.\n")
+    (build / "report.md").write_text(text)
+    summary = report.summary(runs, rows)
+    print(summary)
+    print(f"Report: {build / 'report.md'}; ledger: {build / 'results.jsonl'}")
+    for row in rows:
+        if row["status"] in ("regression", "changed", "regression?"):
+            print(f"  {row['status'].upper()}: {row['name']} = {row['value']:.6g} {row['unit']} "
+                  f"(baseline {row['baseline']:.6g}, band {row['band']:.0%})")
+    confirmed = [r for r in rows if r["status"] == "regression"]
+    changed = [r for r in rows if r["status"] == "changed"]
+    return 1 if failures_in(runs) or changed or (strict and confirmed) else 0
+
+
+def write_machine_baseline(runs: list[dict], path: Path, default_band: float = baseline.DEFAULT_BAND,
+                           note: str = "") -> Path:
+    """This machine's baseline from runs ({"records", "moments"}), all devices in one file keyed by name; entries
+    of the existing file that these runs did not record are kept."""
+    old = results.load_machine_baseline(path)
+    records = [r for run in runs for r in run["records"]]
+    data = {"results": dict(old.get("results", {}))}
+    for device in _by_device(records):
+        mine = [{"records": [r for r in run["records"] if r["device"] == device], "moments": run.get("moments", {})}
+                for run in runs]
+        made = baseline.make(mine, device, note, default_band)
+        data.update(device=device, note=note, runs=made["runs"])
         data["results"].update(made["results"])
+        if "probe" in made:
+            data["probe"] = made["probe"]
+    data["results"] = dict(sorted(data["results"].items()))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
 
 
-def write_report(runs: list[Run], profile: str, build: Path, strict: bool = False,
-                 machine_baseline: Path | None = None) -> int:
-    records = [r for run in runs if run.kind == "solutions" for r in run.records]
-    build.mkdir(parents=True, exist_ok=True)
-    with (build / "results.jsonl").open("w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    by_device: dict[str, list] = {}
-    for r in records:
-        by_device.setdefault(r["device"], []).append(r)
-    if machine_baseline is None:
-        from common.core.ceilings import fingerprint
-        machine_baseline = build / "baselines" / f"{fingerprint()}.json"
-    own = json.loads(machine_baseline.read_text()).get("results", {}) if machine_baseline.exists() else {}
-    compared = {}
-    for device, recs in by_device.items():
-        for row in results.compare_with_baseline(recs, results.baselines_for(device, own)):
-            compared[(row["lab"], row["name"])] = row
-    first_run = not machine_baseline.exists() and bool(records) and not failures_in(runs)
-    resolved = sorted({r["profile"] for r in records}) or [profile]
-    lines = ["# Workbook run report", "", f"PROFILE={profile} (ran as {', '.join(resolved)}). "
-             f"Devices: {', '.join(sorted(by_device)) or '-'}.",
-             "", "| notebook | kind | status | wall time (s) | results | vs baseline |", "|---|---|---|---|---|---|"]
-    for run in runs:
-        rows = [compared.get((r["lab"], r["name"])) for r in run.records] if run.kind == "solutions" else []
-        flagged = [row for row in rows if row and row["status"] in ("regression", "changed", "drift")]
-        if not rows:
-            verdict = "-"
-        elif all(row is None or row["status"] == "new" for row in rows):
-            verdict = "no baseline"
-        else:
-            verdict = f"{len(flagged)} flagged" if flagged else "ok"
-        lines.append(f"| {run.name[:-6]} | {run.kind} | {run.status} | {run.seconds:.1f} | {len(run.records)} | "
-                     f"{verdict} |")
-    failures = [run for run in runs if run.status != "ok"]
-    if failures:
-        lines += ["", "## Failures", ""] + [f"- `{r.kind}/{r.name}`: {r.error}" for r in failures]
-    if compared:
-        lines += ["", "## Results", "", "| lab | name | value | unit | baseline | ratio | status |",
-                  "|---|---|---|---|---|---|---|"]
-        for row in compared.values():
-            base = "-" if row["baseline"] is None else f"{row['baseline']:.6g}"
-            ratio = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"
-            lines.append(f"| {row['lab']} | {row['name']} | {row['value']:.6g} | {row['unit']} | {base} | {ratio} | "
-                         f"{row['status']} |")
-    changed = [r for r in compared.values() if r["status"] == "changed"]
-    regressions = [r for r in compared.values() if r["status"] == "regression"]
-    lines += ["", f"Notebooks: {len(runs) - len(failures)} ok, {len(failures)} failed. Results: {len(records)}, "
-              f"{len(regressions)} performance regressions, {len(changed)} deterministic results changed."]
-    if first_run:
-        write_machine_baseline(records, machine_baseline, note=f"recorded automatically by the first run, {profile}")
-        lines += ["", f"This machine had no baseline: this run's results are now its baseline "
-                  f"({machine_baseline.name}); measured results are compared with it from the next run on."]
-    (build / "report.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[-1:]))
-    print(f"Report: {build / 'report.md'}; ledger: {build / 'results.jsonl'}")
-    for r in regressions + changed:
-        print(f"  {r['status'].upper()}: {r['name']} = {r['value']:.6g} {r['unit']} (baseline {r['baseline']:.6g})")
-    return 1 if failures or changed or (strict and regressions) else 0
+def record_baseline(n_runs: int = 3, profile: str = "auto", labs: str | None = None, build: Path = BUILD,
+                    path: Path | None = None, watch=None, default_band: float = baseline.DEFAULT_BAND) -> Path:
+    """`make baseline`: execute the chosen solutions `n_runs` times, each inside the watch, and record this
+    machine's baseline from all of them (median and band per result, the probe's reference and band)."""
+    check_profile(profile)
+    names = select(labs)
+    watch = watch or Watch()
+    runs = []
+    try:
+        for i in range(n_runs):
+            got = []
+            for name in names:
+                run = watched(watch, REPO_ROOT / "solutions" / name, profile, build / "baseline" / f"run{i + 1}",
+                              "solutions")
+                print(_line(run, f"baseline run {i + 1}/{n_runs}"), flush=True)
+                if run.status != "ok":
+                    raise SystemExit(f"baseline: solutions/{name} failed ({run.error}); fix it before recording")
+                got.append(run)
+            runs.append({"records": [r for run in got for r in run.records],
+                         "moments": {run.lab: run.moment for run in got if run.moment}})
+    finally:
+        watch.close()
+    return write_machine_baseline(runs, path or results.machine_baseline_path(), default_band,
+                                  note=f"{n_runs} runs of {len(names)} solutions, {profile}")
 
 
 def failures_in(runs: list[Run]) -> bool:
