@@ -54,6 +54,12 @@ def test_loader_workers_reduce_idle():
     # a loaded machine can outlast this short run), the thing the comparison is not about
     assert rows[0]["steady_idle_fraction"] > 0.3
     assert rows[1]["steady_idle_fraction"] < rows[0]["steady_idle_fraction"]
+    # each run measures its own model inputs while it runs: the load time of a batch (its items' own times, in the
+    # process that made them) and the real step, both at least what was asked for
+    for row in rows:
+        assert 4 * 3 <= row["load_ms"] < 4 * 3 * 5 and row["load_spread"] >= 0
+        assert 12 <= row["step_ms"] < 12 * 5
+        assert 0 <= row["handoff_ms"] < 200
 
 
 @pytest.mark.notebooks

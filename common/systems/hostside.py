@@ -14,7 +14,9 @@ import torch
 class SlowDataset(torch.utils.data.Dataset):
     """A synthetic dataset whose items take `item_ms` to produce (like decoding an image or tokenising text).
 
-    The cost is a sleep, so it shows pipeline overlap without competing for the machine's cores."""
+    The cost is a sleep, so it shows pipeline overlap without competing for the machine's cores. Each item carries
+    the milliseconds it took to produce, measured where it was produced (a worker or this process), so a run knows
+    its own load time L at the moment it ran."""
 
     def __init__(self, n_items: int, item_ms: float, shape=(3, 32, 32)):
         if n_items <= 0 or item_ms < 0:
@@ -25,29 +27,50 @@ class SlowDataset(torch.utils.data.Dataset):
         return self.n
 
     def __getitem__(self, i):
+        """(image, label, ms, done): the item, how long producing it took here (the sleep's overshoot included), and
+        when it was done on the system-wide monotonic clock (the same in every process of this machine)."""
+        t0 = time.monotonic()
         time.sleep(self.item_s)
         g = torch.Generator().manual_seed(i)
-        return torch.randn(self.shape, generator=g), i % 10
+        x = torch.randn(self.shape, generator=g)
+        done = time.monotonic()
+        return x, i % 10, (done - t0) * 1e3, done
 
 
-def _timed_batches(loader, step_ms: float, max_batches: int | None = None) -> tuple[list[float], float]:
-    """Take batches from `loader` (at most `max_batches`), spending `step_ms` (a sleep) after each: the wait for each
-    batch in ms, and the wall time in s. The iterator is dropped at the end, which shuts worker processes down."""
-    waits = []
+def _timed_batches(loader, step_ms: float, max_batches: int | None = None) -> dict:
+    """Take batches from `loader` (at most `max_batches`), spending `step_ms` (a sleep) after each: per batch the
+    consumer's wait, the step's real length, and -- when the batch carries its items' times -- its load time (the sum
+    of its items' times) and its hand-off (from when it was both asked for and ready to when the consumer had it:
+    collation, the queue, tensors rebuilt from shared memory), all in ms; and the wall time in s. The iterator is
+    dropped at the end, which shuts worker processes down."""
+    waits, steps, loads, handoffs = [], [], [], []
     start = time.perf_counter()
     it = iter(loader)
     while max_batches is None or len(waits) < max_batches:
-        t0 = time.perf_counter()
+        t0, asked = time.perf_counter(), time.monotonic()
         try:
-            next(it)
+            batch = next(it)
         except StopIteration:
             break
-        waits.append((time.perf_counter() - t0) * 1e3)
+        t1, got = time.perf_counter(), time.monotonic()
+        waits.append((t1 - t0) * 1e3)
+        if len(batch) == 4:
+            loads.append(float(batch[2].sum()))
+            handoffs.append(max(0.0, got - max(asked, float(batch[3].max()))) * 1e3)
         if step_ms:
             time.sleep(step_ms / 1e3)
+        steps.append((time.perf_counter() - t1) * 1e3)
     wall = time.perf_counter() - start
     del it
-    return waits, wall
+    return {"waits": waits, "steps": steps, "loads": loads, "handoffs": handoffs, "wall": wall}
+
+
+def _spread(values: list[float]) -> float:
+    """Relative interquartile range (0 for fewer than four values)."""
+    if len(values) < 4:
+        return 0.0
+    q = statistics.quantiles(values, n=4)
+    return (q[2] - q[0]) / q[1] if q[1] else 0.0
 
 
 def consumer_idle(loader, step_ms: float, max_batches: int | None = None) -> dict:
@@ -55,14 +78,21 @@ def consumer_idle(loader, step_ms: float, max_batches: int | None = None) -> dic
 
     Returns wall time, time spent waiting for the next batch, the idle fraction (wait / wall), the steady-state idle
     fraction and wait per batch (the same without the first batch, whose wait is pipeline start-up: forking workers,
-    filling queues) and the batches seen."""
-    waits, wall = _timed_batches(loader, step_ms, max_batches)
+    filling queues), the batches seen, and what this run's model inputs were while it ran: the median load time of a
+    batch (`load_ms`, its relative IQR `load_spread`), the median real step (`step_ms`: sleeps overshoot) and the
+    median hand-off (`handoff_ms`)."""
+    got = _timed_batches(loader, step_ms, max_batches)
+    waits, wall = got["waits"], got["wall"]
     steps = len(waits)
     waited, first_wait = sum(waits) / 1e3, (waits[0] / 1e3 if waits else 0.0)
     steady_wall = wall - first_wait
+    loads, handoffs = got["loads"][1:] or got["loads"], got["handoffs"][1:] or got["handoffs"]
     return {"wall_s": wall, "wait_s": waited, "idle_fraction": waited / wall if wall else 0.0,
             "steady_idle_fraction": (waited - first_wait) / steady_wall if steady_wall > 0 else 0.0,
-            "steady_wait_ms": (waited - first_wait) / (steps - 1) * 1e3 if steps > 1 else 0.0, "batches": steps}
+            "steady_wait_ms": (waited - first_wait) / (steps - 1) * 1e3 if steps > 1 else 0.0, "batches": steps,
+            "load_ms": statistics.median(loads) if loads else float("nan"), "load_spread": _spread(loads),
+            "step_ms": statistics.median(got["steps"]) if got["steps"] else float("nan"),
+            "handoff_ms": statistics.median(handoffs) if handoffs else float("nan")}
 
 
 def _loader(n_items: int, batch_size: int, item_ms: float, workers: int, prefetch_factor: int = 2):
@@ -92,18 +122,22 @@ def batch_cost_ms(batch_size: int = 4, item_ms: float = 2.0, n_batches: int = 12
     sleeps' overshoot and the collation included."""
     if n_batches < 1:
         raise ValueError(f"n_batches={n_batches} must be >= 1")
-    times, _ = _timed_batches(_loader(n_batches * batch_size, batch_size, item_ms, 0), 0.0)
-    return statistics.median_high(times)
+    return statistics.median_high(_timed_batches(_loader(n_batches * batch_size, batch_size, item_ms, 0), 0.0)["waits"])
 
 
-def handoff_ms(step_ms: float, batch_size: int = 4, workers: int = 2, n_batches: int = 40) -> float:
+def handoff_ms(step_ms: float, batch_size: int = 4, workers: int = 2, n_batches: int = 40, rounds: int = 3) -> float:
     """The model's hand-off cost h: the consumer's median wait per batch when loading is free (a dataset that does
-    not sleep), i.e. what it takes to get a ready batch from a worker (a queue, tensors rebuilt from shared memory).
-    The first batches (workers starting) are left out; the median ignores a wait stretched by another process."""
-    if step_ms <= 0 or n_batches < 8:
-        raise ValueError(f"step_ms={step_ms} must be > 0 and n_batches={n_batches} >= 8")
-    waits, _ = _timed_batches(_loader(n_batches * batch_size, batch_size, 0.0, workers), step_ms)
-    return statistics.median_high(waits[workers * 2:])
+    not sleep), i.e. what it takes to get a ready batch from a worker (a queue, tensors rebuilt from shared memory,
+    whose file descriptors the worker must be scheduled to send). The first batches (workers starting) are left out;
+    the median ignores a wait stretched by another process, and the least of `rounds` medians a round that a burst of
+    load covered (seen: 21 ms in one round, 3-7 ms in the next, on a loaded 2-core VM)."""
+    if step_ms <= 0 or n_batches < 8 or rounds < 1:
+        raise ValueError(f"step_ms={step_ms} must be > 0, n_batches={n_batches} >= 8 and rounds={rounds} >= 1")
+    medians = []
+    for _ in range(rounds):
+        waits = _timed_batches(_loader(n_batches * batch_size, batch_size, 0.0, workers), step_ms)["waits"]
+        medians.append(statistics.median_high(waits[workers * 2:]))
+    return min(medians)
 
 
 def predicted_idle_fraction(workers: int, load_ms: float, step_ms: float, handoff_ms: float = 0.0) -> float:
