@@ -238,7 +238,7 @@ def check_softmax(softmax, cases):
             fail(f"{where}: launched a grid of {grids[-1]} for {rows} rows -- one program per row: grid = (n_rows,)")
         expect_close(got, expected, where, rtol=1e-5, atol=1e-6)
         launched = launched or bool(launches)
-    expect(launched, f"the values are right, but no Triton kernel was launched -- the exercise is the kernel "
-                     f"(torch.softmax or a PyTorch expression is not it): launch softmax_kernel[grid](...)")
+    expect(launched, "the values are right, but no Triton kernel was launched -- the exercise is the kernel "
+                     "(torch.softmax or a PyTorch expression is not it): launch softmax_kernel[grid](...)")
     return (f"matches torch.softmax over rows for {len(cases_)} shapes (columns not a power of two, large values, a "
             f"strided view)")

@@ -17,7 +17,7 @@ import socket
 
 from common.core import checks
 from common.core.grading import codec
-from common.core.grading.channel import MAX_LINE, Endpoint, Handles, dumps, loads
+from common.core.grading.channel import MAX_LINE, Endpoint, dumps, loads
 from common.core.grading.remote import RemoteFunction, describe_exception, exception_from
 from common.exercises.cases import Streamed, _reference_name, watched
 
