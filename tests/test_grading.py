@@ -8,6 +8,7 @@ import hashlib
 import os
 import socket
 import subprocess
+import shutil
 import sys
 import time
 
@@ -272,3 +273,21 @@ def test_instructor_lists_the_exercises_judged_in_the_kernel():
     declared = {ex: why for ex, why in checks.judged_in_kernel().items()
                 if ex in checks._titles and why != "made in-kernel for this test"}  # the fixture's, while it runs
     assert listed == declared
+
+
+def test_a_workbook_under_tmp_or_home_is_not_hidden(monkeypatch, tmp_path):
+    """The sandbox's /tmp and home are fresh tmpfs: a workbook, or a Python, that lives under either must be bound on
+    top of them, not under them (a clone in /tmp once graded every notebook 'not checked': the sandbox ended at once)."""
+    from common.core.grading import sandbox
+    monkeypatch.setattr(sandbox, "REPO_ROOT", tmp_path / "workbook")
+    box = sandbox.Sandbox(0, sandbox.Limits())
+    cmd = box.command(["true"], {})
+    shutil.rmtree(box._tmp, ignore_errors=True)
+
+    def at(flag, path):
+        return next(i for i in range(len(cmd) - 1) if cmd[i] == flag and cmd[i + 1 + (flag != "--tmpfs")] == path)
+    tmp_fs = next(i for i in range(len(cmd)) if cmd[i] == "--tmpfs" and cmd[i + 1] == "/tmp")
+    home_fs = next(i for i in range(len(cmd)) if cmd[i] == "--tmpfs" and cmd[i + 1] == sandbox.HOME)
+    common = at("--ro-bind", str(tmp_path / "workbook" / "common"))
+    labs = at("--tmpfs", str(tmp_path / "workbook" / "labs"))
+    assert tmp_fs < common and home_fs < common and common < labs

@@ -88,20 +88,20 @@ def test_a_planted_slowdown_fails_strict_only_once_a_rerun_confirms_it(tmp_path,
 
 @pytest.mark.notebooks
 def test_wrong_answer_in_a_notebook_shows_the_verdict_not_a_traceback(tmp_path):
-    """A learner's wrong answer fails its check cell with the checker's message alone."""
+    """A learner's wrong answer prints the checker's verdict (FAIL ...) without a traceback, and the notebook goes
+    on: Run All reaches the cells after it (the progress cell)."""
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell('from common import setup\nenv = setup("98_demo", "quick")\n'
                                           'from common.exercises.lab00 import check_matmul_flops'),
-                nbformat.v4.new_code_cell("check_matmul_flops(lambda m, n, k: m * n * k)")]
-    with pytest.raises(CellExecutionError):
-        NotebookClient(nb, timeout=120, kernel_name="python3").execute()
-    err = [o for o in nb.cells[1].outputs if o.output_type == "error"][0]
-    assert err["ename"] == "CheckFailed"
-    assert err["traceback"] == [f"FAIL {err['evalue']}"]
-    assert "each is 2 FLOPs" in err["evalue"]
+                nbformat.v4.new_code_cell("check_matmul_flops(lambda m, n, k: m * n * k)"),
+                nbformat.v4.new_code_cell("print('after the check')")]
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    text = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in nb.cells[1].outputs)
+    assert "FAIL" in text and "each is 2 FLOPs" in text, nb.cells[1].outputs
+    assert not [o for o in nb.cells[1].outputs if o.output_type == "error"]
+    assert "after the check" in nb.cells[2].outputs[0]["text"]
 
 
 def _run(value, lab="97_demo", speed=1.0, others=0.0):

@@ -10,7 +10,7 @@ import pytest
 from common.core.env import REPO_ROOT
 
 ENTRY_POINTS = {
-    "common.parallel.collectives": (["--max-bytes", str(2**20), "--repeats", "2"],
+    "common.parallel.collectives": (["--max-bytes", str(2**22), "--repeats", "3"],  # 4 MiB: a slope to fit
                                     {"collectives.fit.alpha_us", "collectives.fit.beta_gbps"}),
     "common.parallel.expert_parallel": (["--tokens-per-rank", "64", "--hidden", "128", "--num-experts", "16",
                                          "--top-k", "4", "--repeats", "1", "--ranks-per-node", "1"],

@@ -165,12 +165,14 @@ class Sandbox:
                 bw += ["--symlink", os.readlink(host), host]
             elif os.path.isdir(host):
                 bw += ["--ro-bind", host, host]
+        size = str(self.limits.tmpfs_mb << 20)
+        # /tmp and home first: a workbook (or its Python) that lives under either is bound on top of them, not hidden
+        for path, perms in (("/tmp", "1777"), (HOME, "0700")):
+            bw += ["--perms", perms, "--size", size, "--tmpfs", path]
         for m in mounts[1:len(mounts) - machine.is_dir()]:
             bw += m
-        size = str(self.limits.tmpfs_mb << 20)
-        for path, perms in (("/tmp", "1777"), (HOME, "0700"), (str(REPO_ROOT / "labs"), "0755"),
-                            (str(REPO_ROOT / "build"), "0755")):
-            bw += ["--perms", perms, "--size", size, "--tmpfs", path]
+        for path in (REPO_ROOT / "labs", REPO_ROOT / "build"):
+            bw += ["--perms", "0755", "--size", size, "--tmpfs", str(path)]
         if machine.is_dir():  # this machine's measured ceilings, read-only, on top of build's tmpfs
             bw += mounts[-1]
         bw += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
