@@ -358,7 +358,8 @@ def _profiled_names(prof, path):
     return [e.get("name") for e in events if e.get("cat") == "user_annotation"]
 
 
-@checker("12.5", "driving torch.profiler: schedule, shapes, stacks, activities, trace")
+@checker("12.5", "driving torch.profiler: schedule, shapes, stacks, activities, trace",
+         in_kernel="it reads the torch.profiler object the learner returns (its activities, shapes, stacks)")
 @replayable
 def check_profile_steps(fn, cases):
     """fn(step, trace_path, wait, warmup, active, device) -> the finished torch.profiler.profile: a schedule of
