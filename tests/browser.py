@@ -80,6 +80,13 @@ class JupyterLab:
         self.close()
         raise RuntimeError(f"jupyter lab did not answer on port {self.port} within 90 s; see {log}")
 
+    def notebook_url(self, rel: str) -> str:
+        """`rel` opened in a workspace of its own, reset: JupyterLab restores a workspace's tabs, so one shared
+        workspace reopened every earlier notebook, with a kernel each, and once their kernels were shut down a
+        'Select Kernel' dialog blocked Run All (seen at lab 14, 15 tabs in)."""
+        name = "".join(ch if ch.isalnum() else "-" for ch in rel)
+        return f"{self.url}/lab/workspaces/{name}/tree/{rel}?reset&token={self.token}"
+
     def shutdown_kernels(self) -> None:
         """Shut down every running session's kernel (between notebooks, so they do not pile up)."""
         import json
@@ -139,6 +146,9 @@ class NotebookPage:
                                "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel && "
                                "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
                                timeout=120_000)
+        tabs = page.evaluate("() => Array.from(window.jupyterapp.shell.widgets('main')).length")
+        if tabs != 1:
+            raise AssertionError(f"{tabs} tabs open in the notebook's workspace, expected 1 (a restored workspace?)")
 
     def state(self) -> dict:
         return self.page.evaluate(f"() => {{ {_STATE} }}")

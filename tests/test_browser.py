@@ -61,7 +61,7 @@ def test_notebook_in_browser(notebook, lab, browser):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     shot = OUT / (notebook.replace("/", "_").replace(".ipynb", "") + ".png")
     try:
-        nb = NotebookPage(page, f"{lab.url}/lab/tree/{notebook}?token={lab.token}")
+        nb = NotebookPage(page, lab.notebook_url(notebook))
         time.sleep(1)
         assert not nb.dirty(), f"{notebook} is marked unsaved right after opening"
         t0 = time.time()
@@ -117,7 +117,7 @@ def test_run_all_reaches_the_progress_cell_after_failed_checks(lab, browser):
     rel = _with_wrong_answers(lab.root)
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
-        nb = NotebookPage(page, f"{lab.url}/lab/tree/{rel}?token={lab.token}")
+        nb = NotebookPage(page, lab.notebook_url(rel))
         state = nb.run_all(CELL_LIMIT, NOTEBOOK_LIMIT)  # raises when Run All stops at a cell
         errors = [f"cell {c['i']}: {e}" for c in state["cells"] for e in c["errors"]]
         assert not errors, errors
