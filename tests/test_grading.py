@@ -286,8 +286,7 @@ def test_a_workbook_under_tmp_or_home_is_not_hidden(monkeypatch, tmp_path):
 
     def at(flag, path):
         return next(i for i in range(len(cmd) - 1) if cmd[i] == flag and cmd[i + 1 + (flag != "--tmpfs")] == path)
-    tmp_fs = next(i for i in range(len(cmd)) if cmd[i] == "--tmpfs" and cmd[i + 1] == "/tmp")
-    home_fs = next(i for i in range(len(cmd)) if cmd[i] == "--tmpfs" and cmd[i + 1] == sandbox.HOME)
+    tmp_fs, home_fs = at("--tmpfs", "/tmp"), at("--tmpfs", sandbox.HOME)
     common = at("--ro-bind", str(tmp_path / "workbook" / "common"))
     labs = at("--tmpfs", str(tmp_path / "workbook" / "labs"))
     assert tmp_fs < common and home_fs < common and common < labs

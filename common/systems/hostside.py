@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from common.core.measurement import median_and_iqr
+
 
 class SlowDataset(torch.utils.data.Dataset):
     """A synthetic dataset whose items take `item_ms` to produce (like decoding an image or tokenising text).
@@ -69,8 +71,8 @@ def _spread(values: list[float]) -> float:
     """Relative interquartile range (0 for fewer than four values)."""
     if len(values) < 4:
         return 0.0
-    q = statistics.quantiles(values, n=4)
-    return (q[2] - q[0]) / q[1] if q[1] else 0.0
+    med, iqr = median_and_iqr(values)
+    return iqr / med if med else 0.0
 
 
 def consumer_idle(loader, step_ms: float, max_batches: int | None = None) -> dict:
