@@ -107,9 +107,10 @@ def graded(tmp_path_factory):
            RIGHT)
     _write(root / "ivy" / LAB, HEAD, "import sys\nfor _ in range(50):\n    sys.stdout.write('x' * (1 << 20) + '\\n')",
            RIGHT)
+    # the two time limits in two notebooks, graded side by side: in one they took 10 s each, one after the other
     _write(root / "abe" / LAB, HEAD, "def train_flops(n, d)\n    return 6 * n * d", "check_train_flops(train_flops)",
-           "def slow(*a):\n    while True:\n        pass\ncheck_implied_mfu(slow)",
-           "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
+           "def slow(*a):\n    while True:\n        pass\ncheck_implied_mfu(slow)")
+    _write(root / "ace" / LAB, HEAD, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
            "check_training_days(lambda *a: 1.0)")
     _write(root / "amy" / LAB, HEAD, RIGHT, "from common.systems import scaling\ncheck_training_days(lambda f, g, gpu, "
            "dt, mfu: f / (g * scaling.peak_tflops(gpu, dt) * 1e12 * mfu) / 86400)")
@@ -186,7 +187,7 @@ def test_syntax_error_and_time_limits_are_named(graded):
     assert "cell 2 has a SyntaxError at line 1" in by[("abe/" + LAB, "10.1")]["verdict"]
     assert by[("abe/" + LAB, "10.2")]["status"] == "failed"
     assert "cell time limit of 10 s" in by[("abe/" + LAB, "10.2")]["verdict"]
-    assert "did not stop after cell 5 ran past the time limit" in by[("abe/" + LAB, "10.5")]["verdict"]
+    assert "did not stop after cell 2 ran past the time limit" in by[("ace/" + LAB, "10.5")]["verdict"]
 
 
 def test_escapes_fail_and_nothing_outside_changes(graded):
@@ -202,8 +203,8 @@ def test_escapes_fail_and_nothing_outside_changes(graded):
     for d in ("/dev/shm", "/tmp", os.path.expanduser("~")):
         assert not os.path.exists(os.path.join(d, MARK)), d
     assert graded["secret"].read_text() == f"{MARK}-secret"
-    assert sorted(p.name for p in graded["root"].iterdir()) == ["abe", "ada", "amy", "bob", "dan", "eve", "fay",
-                                                                "gus", "hal", "ivy", "kim"]
+    assert sorted(p.name for p in graded["root"].iterdir()) == ["abe", "ace", "ada", "amy", "bob", "dan", "eve",
+                                                                "fay", "gus", "hal", "ivy", "kim"]
 
 
 def test_limits_hold_and_no_process_is_left(graded):
