@@ -283,7 +283,7 @@ def predict_flop_rate(x: Inputs | None = None, **changes) -> Prediction:
     x = check_inputs(replace(x or defaults(), **changes))
     ch = chunk(x)
     dur = ch.durations(x.schedule)
-    res = pipeline.simulate(pipeline.build(x.schedule, x.pp, x.micro_batches), dur)
+    res = pipeline.run(x.schedule, x.pp, x.micro_batches, dur)
     # ZeRO-1's gradient traffic can use the idle tail of each rank (after its last operation)
     tails = [res.makespan - max(end for _, end, _, _ in spans) for spans in res.spans]
     dp = dp_sync_seconds(x)
