@@ -211,9 +211,8 @@ print(2 * n**3 * repeats / (time.perf_counter() - start) / 1e9)
 _PLACEMENT_PROBE = """
 import sys, time, torch
 n, repeats, elems, ops = {n}, {repeats}, {elems}, {ops}
-if {gated}:  # started beside other probes: say so once imported, then wait for our turn to measure alone
-    print("ready", flush=True)
-    sys.stdin.readline()
+print("ready", flush=True)  # started beside other probes: say so once imported, then wait for our turn to measure alone
+sys.stdin.readline()
 a, b = torch.randn(n, n), torch.randn(n, n)
 a @ b
 start = time.perf_counter()
@@ -288,23 +287,16 @@ def _run_pinned_gated(jobs: list[tuple[str, set, int]], timeout: float = 120) ->
                 p.wait()
 
 
-def placement_probe(cpus: set[int], threads: int, n: int = 512, repeats: int = 20, elems: int = 1 << 16,
-                    ops: int = 2000) -> dict:
-    """In a fresh process whose `threads` OpenMP threads may run only on `cpus`: GFLOP/s of n x n float32 matmuls,
-    and the wall-clock and CPU microseconds of one element-wise op on `elems` floats (a short parallel region ending
-    in a barrier). CPU time counts what the process's threads burned, so other processes' load does not inflate it
-    the way it inflates wall-clock time. With more threads than cores the threads take turns, and a thread that
-    reaches the barrier first spins or sleeps until its partner gets the core: more CPU time for the same work."""
-    gflops, wall_us, cpu_us = _run_pinned(_PLACEMENT_PROBE.format(n=n, repeats=repeats, elems=elems, ops=ops,
-                                                                  gated=False), cpus, threads)
-    return {"matmul_gflops": gflops, "elementwise_wall_us": wall_us, "elementwise_cpu_us": cpu_us}
-
-
 def placement_probes(placements, n: int = 512, repeats: int = 20, elems: int = 1 << 16, ops: int = 2000) -> dict:
-    """placement_probe for each (name, cpus, threads) of `placements`, in a fraction of the time: the processes
-    import torch side by side, then measure one after the other, each alone (see _run_pinned_gated)."""
+    """For each (name, cpus, threads) of `placements`, in a fresh process whose `threads` OpenMP threads may run only
+    on `cpus`: GFLOP/s of n x n float32 matmuls, and the wall-clock and CPU microseconds of one element-wise op on
+    `elems` floats (a short parallel region ending in a barrier). CPU time counts what the process's threads burned,
+    so other processes' load does not inflate it the way it inflates wall-clock time. With more threads than cores
+    the threads take turns, and a thread that reaches the barrier first spins or sleeps until its partner gets the
+    core: more CPU time for the same work. The processes import torch side by side, then measure one after the
+    other, each alone (see _run_pinned_gated)."""
     placements = list(placements)
-    code = _PLACEMENT_PROBE.format(n=n, repeats=repeats, elems=elems, ops=ops, gated=True)
+    code = _PLACEMENT_PROBE.format(n=n, repeats=repeats, elems=elems, ops=ops)
     values = _run_pinned_gated([(code, set(cpus), threads) for _, cpus, threads in placements])
     return {name: {"matmul_gflops": g, "elementwise_wall_us": w, "elementwise_cpu_us": c}
             for (name, _, _), (g, w, c) in zip(placements, values)}
