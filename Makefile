@@ -26,14 +26,13 @@ run: $(VENV)/.installed
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 
 # Two workers (one per core). --dist loadscope keeps each notebook's nbval cells (one module) in one worker and
-# kernel, and spreads the unsolved-lab runs (one class each in tests/test_notebooks.py); --no-loadscope-reorder keeps
-# the order tests/conftest.py gives them, longest scopes first.
+# kernel, and spreads the unsolved-lab runs (one class each in tests/test_notebooks.py).
 JOBS ?= 2
 
 test: $(VENV)/.installed
 	bash scripts/sandbox_setup.sh
 	WORKBOOK_HEADLESS=1 WORKBOOK_PROFILE=quick $(PY) -m pytest tests solutions $(NBVAL) -p no:cacheprovider \
-		-n $(JOBS) --dist loadscope --no-loadscope-reorder --durations=15
+		-n $(JOBS) --dist loadscope --durations=15
 
 # JupyterLab in headless Chromium (Playwright): Run All on every lab and three solutions, every widget control moved.
 # Installs Playwright into the venv and, as root, Debian's chromium. Screenshots of failures: build/browser/.
