@@ -107,11 +107,12 @@ def graded(tmp_path_factory):
            RIGHT)
     _write(root / "ivy" / LAB, HEAD, "import sys\nfor _ in range(50):\n    sys.stdout.write('x' * (1 << 20) + '\\n')",
            RIGHT)
-    # the two time limits in two notebooks, graded side by side: in one they took 10 s each, one after the other
+    # the two time limits in two notebooks, graded side by side: in one they took 10 s each, one after the other.
+    # Cells that never end, asleep rather than spinning: a spin burned a core the other test worker needed for 20 s
     _write(root / "abe" / LAB, HEAD, "def train_flops(n, d)\n    return 6 * n * d", "check_train_flops(train_flops)",
-           "def slow(*a):\n    while True:\n        pass\ncheck_implied_mfu(slow)")
-    _write(root / "ace" / LAB, HEAD, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
-           "check_training_days(lambda *a: 1.0)")
+           "import time\ndef slow(*a):\n    while True:\n        time.sleep(0.05)\ncheck_implied_mfu(slow)")
+    _write(root / "ace" / LAB, HEAD, "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n"
+           "    time.sleep(0.05)", "check_training_days(lambda *a: 1.0)")
     _write(root / "amy" / LAB, HEAD, RIGHT, "from common.systems import scaling\ncheck_training_days(lambda f, g, gpu, "
            "dt, mfu: f / (g * scaling.peak_tflops(gpu, dt) * 1e12 * mfu) / 86400)")
     (root / "kim").mkdir()
