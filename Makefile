@@ -23,7 +23,10 @@ setup: $(VENV)/.installed
 run: $(VENV)/.installed
 	$(PY) -m common run --profile "$(PROFILE)" --labs "$(LABS)" $(if $(STRICT),--strict)
 
-NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
+# nbval's kernels: tests/jupyter/kernels/python3-warm, forked from a server per pytest worker that has imported torch
+# and friends once (tests/warm_kernels.py; without the server, e.g. under `make nbval`, an ordinary kernel)
+NBVAL := --nbval --nbval-kernel-name python3-warm --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
+TEST_KERNELS := JUPYTER_PATH=$(CURDIR)/tests/jupyter$(if $(JUPYTER_PATH),:$(JUPYTER_PATH))
 
 # Two workers (one per core). --dist loadscope keeps each notebook's nbval cells (one module) in one worker and
 # kernel, and spreads the unsolved-lab runs (one class each in tests/test_notebooks.py).
@@ -31,7 +34,7 @@ JOBS ?= 2
 
 test: $(VENV)/.installed
 	bash scripts/sandbox_setup.sh
-	WORKBOOK_HEADLESS=1 WORKBOOK_PROFILE=quick $(PY) -m pytest tests solutions $(NBVAL) -p no:cacheprovider \
+	$(TEST_KERNELS) WORKBOOK_HEADLESS=1 WORKBOOK_PROFILE=quick $(PY) -m pytest tests solutions $(NBVAL) -p no:cacheprovider \
 		-n $(JOBS) --dist loadscope --durations=15
 
 # JupyterLab in headless Chromium (Playwright): Run All on every lab and three solutions, every widget control moved.
@@ -55,7 +58,7 @@ grade: $(VENV)/.installed
 
 # nbval alone: re-execute the solutions and compare their deterministic outputs with the committed ones.
 nbval: $(VENV)/.installed
-	WORKBOOK_HEADLESS=1 WORKBOOK_PROFILE=quick $(PY) -m pytest solutions $(NBVAL) -p no:cacheprovider
+	$(TEST_KERNELS) WORKBOOK_HEADLESS=1 WORKBOOK_PROFILE=quick $(PY) -m pytest solutions $(NBVAL) -p no:cacheprovider
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest tests -m "not notebooks" -p no:cacheprovider

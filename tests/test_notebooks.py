@@ -5,6 +5,7 @@ import re
 import lab_slice
 import nbformat
 import pytest
+import warm_kernels
 
 from common.core import notebooks
 from common.core.env import REPO_ROOT
@@ -91,7 +92,7 @@ def _run_unsolved_lab(name):
     nb = nbformat.read(str(notebooks.LABS / name), as_version=4)
     keep = set(lab_slice.kept_cells(_solution(name)))
     nb.cells = [c for i, c in enumerate(nb.cells) if c.cell_type != "code" or i in keep]
-    NotebookClient(nb, timeout=600, kernel_name="python3",
+    NotebookClient(nb, timeout=600, kernel_name=warm_kernels.KERNEL_NAME,
                    resources={"metadata": {"path": str(notebooks.LABS)}}).execute()
     printed = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
                         if o.output_type == "stream")

@@ -3,6 +3,7 @@ import json
 
 import nbformat
 import pytest
+import warm_kernels
 
 from common.core import measurement, runner
 
@@ -97,7 +98,7 @@ def test_wrong_answer_in_a_notebook_shows_the_verdict_not_a_traceback(tmp_path):
                                           'from common.exercises.lab00 import check_matmul_flops'),
                 nbformat.v4.new_code_cell("check_matmul_flops(lambda m, n, k: m * n * k)"),
                 nbformat.v4.new_code_cell("print('after the check')")]
-    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    NotebookClient(nb, timeout=120, kernel_name=warm_kernels.KERNEL_NAME).execute()
     text = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in nb.cells[1].outputs)
     assert "FAIL" in text and "each is 2 FLOPs" in text, nb.cells[1].outputs
     assert not [o for o in nb.cells[1].outputs if o.output_type == "error"]
