@@ -21,6 +21,7 @@ child) and the grader's kernels run in a sandbox.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -170,7 +171,8 @@ def _become_kernel(conn: socket.socket, fds: list, request: dict) -> None:
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 0
-    finally:
+    finally:  # an interpreter's exit, but never back into the server's loop
+        atexit._run_exitfuncs()  # multiprocessing's and tempfile's clean-ups among them, as at a kernel's exit
         sys.stdout.flush(), sys.stderr.flush()
         os._exit(code)
 
