@@ -12,8 +12,6 @@ sys.path.insert(0, str(ROOT))
 import pytest  # noqa: E402
 import warm_kernels  # noqa: E402
 
-warm_kernels.use_warm_kernels()  # the python3-warm kernel spec, found by nbval and the tests' own notebook runs
-
 
 @pytest.fixture(autouse=True)
 def _ledger_in_tmp(tmp_path, monkeypatch):
@@ -38,7 +36,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "notebooks: executes notebooks (slow)")
     controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
     if not controller and os.environ.get("WORKBOOK_BROWSER") != "1":  # JupyterLab starts its own kernels
-        config._kernel_server = warm_kernels.start()  # in each process that runs tests (not xdist's controller)
+        config._kernel_server = warm_kernels.start()  # each process that runs tests (not xdist's controller)
 
 
 def pytest_unconfigure(config):

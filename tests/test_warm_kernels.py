@@ -1,6 +1,7 @@
 """The tests' warm kernels (tests/warm_kernels.py): a forked kernel runs code as a fresh one would, in the launcher's
 environment and directory, obeys interrupts, dies with its launcher, and without a server the launcher starts an
 ordinary kernel."""
+import contextlib
 import os
 import signal
 import time
@@ -20,13 +21,21 @@ def _run(kc, code, timeout=60):
     return reply["content"]["status"], "".join(out)
 
 
+@contextlib.contextmanager
+def _kernel(cwd):
+    km, kc = start_new_kernel(kernel_name=warm_kernels.KERNEL_NAME, cwd=str(cwd))
+    try:
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 @pytest.fixture
 def kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("WARM_PROBE", "from the launcher")
-    km, kc = start_new_kernel(kernel_name=warm_kernels.KERNEL_NAME, cwd=str(tmp_path))
-    yield km, kc
-    kc.stop_channels()
-    km.shutdown_kernel(now=True)
+    with _kernel(tmp_path) as both:
+        yield both
 
 
 @pytest.mark.skipif(not os.environ.get(warm_kernels.ENV), reason="no kernel server in this process")
@@ -43,14 +52,11 @@ def test_a_forked_kernel_runs_where_and_as_its_launcher_says(kernel, tmp_path):
 def test_two_forked_kernels_draw_different_random_numbers(tmp_path):
     seen = []
     for _ in range(2):
-        km, kc = start_new_kernel(kernel_name=warm_kernels.KERNEL_NAME, cwd=str(tmp_path))
-        try:
+        with _kernel(tmp_path) as (_, kc):
             seen.append(_run(kc, "import numpy, torch; print(numpy.random.randint(1 << 30), torch.randint(1 << 30, "
                                  "(1,)).item())")[1])
-        finally:
-            kc.stop_channels()
-            km.shutdown_kernel(now=True)
-    assert seen[0] != seen[1], seen
+    (np_a, torch_a), (np_b, torch_b) = (line.split() for line in seen)
+    assert np_a != np_b and torch_a != torch_b, f"numpy and torch each draw anew in each kernel: {seen}"
 
 
 @pytest.mark.skipif(not os.environ.get(warm_kernels.ENV), reason="no kernel server in this process")
@@ -81,10 +87,6 @@ def test_a_killed_launcher_takes_its_kernel_with_it(kernel):
 
 def test_without_a_server_the_launcher_starts_an_ordinary_kernel(tmp_path, monkeypatch):
     monkeypatch.setenv(warm_kernels.ENV, str(tmp_path / "no-server.sock"))
-    km, kc = start_new_kernel(kernel_name=warm_kernels.KERNEL_NAME, cwd=str(tmp_path))
-    try:
+    with _kernel(tmp_path) as (km, kc):
         status, out = _run(kc, "import os; print(os.getpid())")
         assert status == "ok" and int(out) == km.provisioner.process.pid, "the launcher became the kernel"
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)

@@ -116,22 +116,21 @@ def serve(path: str, parent: int) -> None:
     server.listen(8)
     while True:
         conn, _ = server.accept()
+        fds = []
         try:
             msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
             request = json.loads(msg)
             if not _safe_to_fork(preloaded):  # a fork would copy a thread's half-held locks: an ordinary kernel then
                 conn.sendall(b"refused: the server has threads\n")
-                raise OSError("threads")
-            pid = os.fork()
+            elif os.fork() == 0:
+                server.close()
+                _become_kernel(conn, fds, request)  # never returns
         except OSError:
+            pass  # the launcher gets no pid and starts an ordinary kernel
+        finally:  # the child has its own copies
+            for fd in fds:
+                os.close(fd)
             conn.close()
-            continue
-        if pid == 0:
-            server.close()
-            _become_kernel(conn, fds, request)  # never returns
-        for fd in fds:
-            os.close(fd)
-        conn.close()
 
 
 def _watch_launcher(launcher: int) -> None:
