@@ -167,8 +167,28 @@ def test_placement_probes_start_together_and_measure_one_at_a_time():
     assert got["two"]["elementwise_cpu_us"] > 1.1 * got["one"]["elementwise_cpu_us"]
     with pytest.raises(ValueError, match="threads=0"):
         hostside.placement_probes([("none", {cpu}, 0)])
+    with pytest.raises(ValueError, match="threads=0"):  # named before any process starts
+        hostside.placement_probes([("fine", {cpu}, 2), ("none", {cpu}, 0)])
     with pytest.raises(ValueError, match="cpus=\\[100000\\]"):
         hostside.placement_probes([("nowhere", {100_000}, 1)])
+
+
+def test_one_thread_placements_share_a_process_that_holds_their_cpus(monkeypatch):
+    calls = []
+
+    def gated(jobs, timeout=120, turns=None):  # what would run: (cpus, threads) of each process, its turns
+        calls.append([(sorted(cpus), threads, n, code) for (code, cpus, threads), n in zip(jobs, turns)])
+        return [[[float(k), float(k), float(k)] for k in range(n)] for n in turns]
+    monkeypatch.setattr(hostside, "_run_pinned_gated", gated)
+    monkeypatch.setattr(hostside.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    got = hostside.placement_probes([("1 on 2", {2}, 1), ("2 on 0-1", {0, 1}, 2), ("1 on 1", {1}, 1),
+                                     ("2 on 0", {0}, 2), ("1 on 0", {0}, 1)])
+    (procs,) = calls
+    # "1 on 1" and "1 on 0" join the first process whose CPUs hold theirs, after its own turn; "1 on 2" has none
+    assert [p[:3] for p in procs] == [([2], 1, 1), ([0, 1], 2, 3), ([0], 2, 1)]
+    assert "[([0, 1], 2), ([1], 1), ([0], 1)]" in procs[1][3]
+    assert list(got) == ["1 on 2", "2 on 0-1", "1 on 1", "2 on 0", "1 on 0"]
+    assert [v["matmul_gflops"] for v in got.values()] == [0, 0, 1, 0, 2]  # each its own turn's line
 
 
 def test_placement_probes_leave_no_process_when_one_fails(monkeypatch):

@@ -63,6 +63,18 @@ def test_results_by_rank_with_their_output():
     _nothing_left()
 
 
+def test_a_rank_server_started_ahead_brings_its_imports_and_one_running_is_left_alone():
+    from multiprocessing import forkserver
+    with pytest.raises(ValueError, match="modules: 'no_such_module_x' is not an importable module name"):
+        D.start_rank_server("no_such_module_x")
+    forkserver._forkserver._stop()  # a fresh server for this test; later runs fork from it
+    assert D.start_rank_server("email.mime.text") is True
+    assert D.start_rank_server("json.tool") is False  # one runs (importing still, in the background)
+    names = ["email.mime.text", "json.tool"]
+    assert D.run_workers(W.modules_worker, 2, args=(names,), backend="gloo") == [[True, False]] * 2
+    _nothing_left()
+
+
 def test_worker_exception_names_rank_traceback_and_output():
     with pytest.raises(D.WorkerError, match=r"rank 2 of 3 raised ValueError: bad input on rank 2") as info:
         D.run_workers(W.failing_worker, 3, args=(2, "bad input on rank 2"), backend="gloo", timeout=60)

@@ -69,3 +69,8 @@ def broken_ep_worker(rank: int, world_size: int, cfg_dict: dict) -> dict:
         return real(x[1:], weights[1:], indices[1:], experts, cfg, ex)
     layer.FORWARD["node_aware"] = forgets_a_token
     return worker.ep_worker(rank, world_size, cfg_dict, ("node_aware",), False, 1)
+
+
+def modules_worker(rank: int, world_size: int, names: list) -> list:
+    """Which of `names` this rank has imported, without importing any (the fork server's preloads show here)."""
+    return [n in sys.modules for n in names]

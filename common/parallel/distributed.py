@@ -2,7 +2,8 @@
 `run_workers(worker, 2, args=(...,), backend="gloo", timeout=120)` is [rank 0's result, rank 1's], `.output` what
 each printed; `worker(rank, world_size, *args)` is a top-level function of an importable module, arguments and result
 pickle (a script calling this needs `if __name__ == "__main__":`). `tasks_worker` runs several (worker, args) in ONE
-group. Several machines: `common.parallel.torchrun`. Torch launches: `torch.multiprocessing.start_processes` forks
+group; `start_rank_server(*modules)` starts the ranks' fork server ahead, in the background, with what the
+workers import. Several machines: `common.parallel.torchrun`. Torch launches: `torch.multiprocessing.start_processes` forks
 the ranks from multiprocessing's fork server (it imports torch once: a rank starts in milliseconds) and
 `ProcessContext.join` sees one fail. Added, what torch lacks: results and the first failure (exception, traceback,
 output) through a `TCPStore` the parent opens on port 0, reported before `destroy_process_group`; `PR_SET_PDEATHSIG`
@@ -147,6 +148,25 @@ def _member(proc, groups: list) -> bool:
     return False
 
 
+def start_rank_server(*modules: str) -> bool:
+    """Start the fork server that `run_workers` forks its ranks from, now and in the background: it imports
+    torch.distributed and `modules` (those the workers will import, seconds of CPU each) while this process goes on,
+    so the first `run_workers` forks ranks that already have them. Returns True if it started it; False when a
+    server already runs, whose imports are then left as they are (modules load only when a server starts)."""
+    import importlib.util
+    for m in modules:
+        if not isinstance(m, str) or importlib.util.find_spec(m) is None:
+            raise ValueError(f"modules: {m!r} is not an importable module name (e.g. 'torch.distributed.checkpoint')")
+    import psutil
+    pid = forkserver._forkserver._forkserver_pid
+    with contextlib.suppress(psutil.NoSuchProcess):
+        if pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            return False
+    forkserver.set_forkserver_preload(["torch.distributed", __name__, *modules])
+    forkserver.ensure_running()  # spawns the server and returns; the server imports before it takes a request
+    return True
+
+
 def run_workers(worker: Callable, world_size: int, args: Sequence = (), backend: str | None = None,
                 timeout: float = 120) -> Results:
     """Run `worker(rank, world_size, *args)` on `world_size` processes of one process group; results by rank.
@@ -166,7 +186,7 @@ def run_workers(worker: Callable, world_size: int, args: Sequence = (), backend:
     try:
         previous = signal.signal(signal.SIGINT, lambda *a: held.append(a)) if hold else None
         try:
-            forkserver.set_forkserver_preload(["torch.distributed", __name__])
+            start_rank_server()  # if none runs yet (or it died): one that imports torch.distributed
             ctx = mp.start_processes(_entry, args=(world_size, backend, store.port, timeout, payload, logs.name,
                                                    dict(os.environ)), nprocs=world_size, join=False,
                                      start_method="forkserver")

@@ -207,26 +207,31 @@ print(2 * n**3 * repeats / (time.perf_counter() - start) / 1e9)
 """
 
 # two workloads in one process: a matmul (long parallel regions) and many element-wise ops on 64K floats (a short
-# parallel region, ending in a barrier, every few microseconds)
+# parallel region, ending in a barrier, every few microseconds); one measurement per placement of the process, each
+# on its turn ("go")
 _PLACEMENT_PROBE = """
-import sys, time, torch
+import os, sys, time, torch
 n, repeats, elems, ops = {n}, {repeats}, {elems}, {ops}
-print("ready", flush=True)  # started beside other probes: say so once imported, then wait for our turn to measure alone
-sys.stdin.readline()
-a, b = torch.randn(n, n), torch.randn(n, n)
-a @ b
-start = time.perf_counter()
-for _ in range(repeats):
+print("ready", flush=True)  # started beside other probes: say so once imported, then wait for each turn to measure alone
+for cpus, threads in {turns!r}:
+    if sys.stdin.readline() != "go\\n":
+        sys.exit("no go")
+    os.sched_setaffinity(0, cpus)  # this thread: the first turn's CPUs, as the process started; a later turn's 1 thread
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
-gflops = 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
-x = torch.randn(elems)
-y = torch.empty_like(x)
-for _ in range(20):
-    torch.mul(x, 1.0001, out=y)
-start, cpu = time.perf_counter(), time.process_time()
-for _ in range(ops):
-    torch.mul(x, 1.0001, out=y)
-print(gflops, (time.perf_counter() - start) / ops * 1e6, (time.process_time() - cpu) / ops * 1e6)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    gflops = 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
+    x = torch.randn(elems)
+    y = torch.empty_like(x)
+    for _ in range(20):
+        torch.mul(x, 1.0001, out=y)
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(ops):
+        torch.mul(x, 1.0001, out=y)
+    print(gflops, (time.perf_counter() - start) / ops * 1e6, (time.process_time() - cpu) / ops * 1e6, flush=True)
 """
 
 
@@ -249,17 +254,31 @@ def _run_pinned(code: str, cpus: set[int], threads: int) -> list[float]:
     return [float(v) for v in out.stdout.strip().splitlines()[-1].split()]
 
 
-def _run_pinned_gated(jobs: list[tuple[str, set, int]], timeout: float = 120) -> list[list[float]]:
+def _run_pinned_gated(jobs: list[tuple[str, set, int]], timeout: float = 120,
+                      turns: list[int] | None = None) -> list[list[list[float]]]:
     """Several pinned probes: all processes start at once, each on its own CPUs from the start (as `taskset` does:
     OpenMP reads the affinity when it loads, and picks its way of waiting from it), and import torch side by side
     (the slow part, seconds each); each says "ready", and only when all have, they measure ONE AT A TIME -- the
-    others wait on a read from stdin, idle -- so no two measurements share the machine. Every process is killed if
-    anything fails."""
+    others wait on a read from stdin, idle -- so no two measurements share the machine. Process i measures
+    `turns[i]` times (default 1), a line of numbers per "go"; returns those lines by process. Every process is
+    killed if anything fails."""
     import select
     import subprocess
     import sys
     envs = [_pinned_env(cpus, threads) for _, cpus, threads in jobs]
+    turns = turns or [1] * len(jobs)
     procs = []
+
+    def line(p, what):  # one line of p's stdout within the deadline; "" if p died
+        if not select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            raise TimeoutError(f"a placement probe did not {what} within timeout={timeout} s")
+        text = p.stdout.readline()
+        if not text.strip():
+            p.kill() if p.poll() is None else None
+            p.wait(timeout)
+            raise RuntimeError(f"a placement probe failed to {what} (exit {p.returncode}): {p.stderr.read()[-800:]}")
+        return text.strip()
+
     try:
         for (code, cpus, _), env in zip(jobs, envs):
             procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, text=True, stdin=subprocess.PIPE,
@@ -267,18 +286,19 @@ def _run_pinned_gated(jobs: list[tuple[str, set, int]], timeout: float = 120) ->
                                           preexec_fn=lambda c=frozenset(cpus): os.sched_setaffinity(0, set(c))))
         deadline = time.monotonic() + timeout
         for p in procs:  # wait for every "ready" (a probe that dies says "" at once; one that hangs meets the deadline)
-            if not select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
-                raise TimeoutError(f"a placement probe did not start within timeout={timeout} s")
-            if p.stdout.readline().strip() != "ready":
-                p.wait(timeout)
-                raise RuntimeError(f"a placement probe failed to start (exit {p.returncode}): "
-                                   f"{p.stderr.read()[-800:]}")
+            if line(p, "start") != "ready":
+                raise RuntimeError("a placement probe said something else than 'ready' first")
         out = []
-        for p in procs:
-            stdout, stderr = p.communicate("go\n", timeout=timeout)
-            if p.returncode:
-                raise RuntimeError(f"a placement probe failed (exit {p.returncode}): {stderr[-800:]}")
-            out.append([float(v) for v in stdout.strip().splitlines()[-1].split()])
+        for p, n in zip(procs, turns):
+            mine = []
+            for _ in range(n):
+                p.stdin.write("go\n")
+                p.stdin.flush()
+                mine.append([float(v) for v in line(p, "measure").split()])
+            p.stdin.close()
+            if p.wait(max(0.0, deadline - time.monotonic())):
+                raise RuntimeError(f"a placement probe failed (exit {p.returncode}): {p.stderr.read()[-800:]}")
+            out.append(mine)
         return out
     finally:
         for p in procs:
@@ -288,18 +308,40 @@ def _run_pinned_gated(jobs: list[tuple[str, set, int]], timeout: float = 120) ->
 
 
 def placement_probes(placements, n: int = 512, repeats: int = 20, elems: int = 1 << 16, ops: int = 2000) -> dict:
-    """For each (name, cpus, threads) of `placements`, in a fresh process whose `threads` OpenMP threads may run only
-    on `cpus`: GFLOP/s of n x n float32 matmuls, and the wall-clock and CPU microseconds of one element-wise op on
+    """For each (name, cpus, threads) of `placements`, in a process whose `threads` OpenMP threads may run only on
+    `cpus`: GFLOP/s of n x n float32 matmuls, and the wall-clock and CPU microseconds of one element-wise op on
     `elems` floats (a short parallel region ending in a barrier). CPU time counts what the process's threads burned,
     so other processes' load does not inflate it the way it inflates wall-clock time. With more threads than cores
     the threads take turns, and a thread that reaches the barrier first spins or sleeps until its partner gets the
-    core: more CPU time for the same work. The processes import torch side by side, then measure one after the
+    core: more CPU time for the same work.
+
+    A placement of several threads gets a fresh process, pinned from its start (OpenMP picks its way of waiting when
+    it loads). A placement of ONE thread never waits at a barrier, so it is measured in the process of a
+    several-thread placement whose CPUs include its own, after it, with that thread pinned and torch set to one
+    thread: one torch import fewer (seconds). The processes import torch side by side, then measure one after the
     other, each alone (see _run_pinned_gated)."""
-    placements = list(placements)
-    code = _PLACEMENT_PROBE.format(n=n, repeats=repeats, elems=elems, ops=ops)
-    values = _run_pinned_gated([(code, set(cpus), threads) for _, cpus, threads in placements])
-    return {name: {"matmul_gflops": g, "elementwise_wall_us": w, "elementwise_cpu_us": c}
-            for (name, _, _), (g, w, c) in zip(placements, values)}
+    placements = [(name, set(cpus), threads) for name, cpus, threads in placements]
+    for _, cpus, threads in placements:
+        _pinned_env(cpus, threads)  # bad input named before any process starts
+    host = {}  # placement index -> the index of the placement whose process measures it
+    for i, (_, cpus, threads) in enumerate(placements):
+        if threads == 1:
+            host[i] = next((j for j, (_, c, t) in enumerate(placements) if t > 1 and cpus <= c), i)
+        else:
+            host[i] = i
+    owners = sorted(set(host.values()))
+    members = {j: [j] + [i for i in host if host[i] == j and i != j] for j in owners}
+    jobs, turns = [], []
+    for j in owners:
+        phases = [(sorted(placements[i][1]), placements[i][2]) for i in members[j]]
+        code = _PLACEMENT_PROBE.format(n=n, repeats=repeats, elems=elems, ops=ops, turns=phases)
+        jobs.append((code, placements[j][1], placements[j][2]))
+        turns.append(len(phases))
+    values = {}
+    for j, lines in zip(owners, _run_pinned_gated(jobs, turns=turns)):
+        values.update(zip(members[j], lines))
+    return {name: dict(zip(("matmul_gflops", "elementwise_wall_us", "elementwise_cpu_us"), values[i]))
+            for i, (name, _, _) in enumerate(placements)}
 
 
 def matmul_gflops_pinned(cpus: set[int], threads: int, n: int = 512, repeats: int = 20) -> float:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from scipy.optimize import brentq
 
 from common.core.validate import number, whole
 from common.systems import inference_model as im
@@ -81,6 +80,7 @@ def solve_for(phase: str, name: str, lo: float, hi: float, target: float | None 
     g_lo, g_hi = gap(lo), gap(hi)
     if g_lo * g_hi > 0:
         return float("nan")
+    from scipy.optimize import brentq  # here: scipy.optimize takes 0.5 s to import, and few callers need it
     return brentq(gap, lo, hi, xtol=1e-6 * max(1.0, abs(hi)))
 
 

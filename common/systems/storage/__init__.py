@@ -23,6 +23,7 @@ from common.systems.storage.checkpoints import (
     measure_torch_save,
     recipe_state,
     save_with_fsync,
+    start_checkpoint_ranks,
     state_bytes,
 )
 from common.systems.storage.files import (

@@ -245,6 +245,18 @@ def hidden_fraction(t_save: float, t_steps: float, t_overlap: float) -> float:
     return min(1.0, max(0.0, 1 - (t_overlap - t_steps) / t_save))
 
 
+# what async_checkpoint_worker imports in each rank (DTensor's first call imports torch._dynamo): about 3 s of CPU per
+# rank on a 2-core Zen 1, paid once in the fork server instead
+RANK_MODULES = ("torch.distributed.checkpoint", "torch.distributed.tensor", "torch._dynamo", __name__)
+
+
+def start_checkpoint_ranks() -> bool:
+    """Start the fork server of `measure_async_checkpoint`'s ranks now, in the background, with DCP imported (see
+    common.parallel.distributed.start_rank_server); False if a fork server already runs."""
+    from common.parallel.distributed import start_rank_server
+    return start_rank_server(*RANK_MODULES)
+
+
 def measure_async_checkpoint(scratch: Scratch, params_per_rank: int, rounds: int = 3, ranks: int = 2,
                              device_ms: float = 40.0, timeout: float = 120) -> dict:
     """Run async_checkpoint_worker on `ranks` gloo ranks (common.parallel.distributed.run_workers) writing into the
@@ -258,6 +270,7 @@ def measure_async_checkpoint(scratch: Scratch, params_per_rank: int, rounds: int
     shard = params_per_rank * BYTES_PER_PARAM
     scratch.reserve(ranks * shard + MIB, "distributed checkpoints")  # each round's checkpoint is removed after it
     directory = tempfile.mkdtemp(prefix="dcp-", dir=scratch.path)
+    start_checkpoint_ranks()  # unless one runs already: DCP imported once, not in every rank
     per_rank = run_workers(async_checkpoint_worker, ranks,
                            args=(directory, params_per_rank, rounds, device_ms / 1e3), backend="gloo",
                            timeout=timeout)
