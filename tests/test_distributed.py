@@ -92,8 +92,8 @@ def test_a_crash_kills_the_workers_and_their_children(marker):
 
 
 def test_timeout_stops_everything(marker):
-    with pytest.raises(TimeoutError, match=r"did not finish within timeout=8 s"):
-        D.run_workers(W.parent_worker, 2, args=(marker, "sleep"), backend="gloo", timeout=8)
+    with pytest.raises(TimeoutError, match=r"did not finish within timeout=4 s"):
+        D.run_workers(W.parent_worker, 2, args=(marker, "sleep"), backend="gloo", timeout=4)
     _nothing_left(marker)
 
 

@@ -123,7 +123,7 @@ def graded(tmp_path_factory):
     out = tmp / "grades"
     os.environ["WORKBOOK_TEST_SECRET"] = f"{MARK}-environ"  # in the grader's environment: /proc/<pid>/environ
     t0 = time.time()
-    rows = grading.grade(root, out, cell_timeout=10, notebook_timeout=50, progress=lambda *_: None, jobs=4,
+    rows = grading.grade(root, out, cell_timeout=6, notebook_timeout=50, progress=lambda *_: None, jobs=4,
                          roster=roster, limits=LIMITS)
     seconds = time.time() - t0
     os.environ.pop("WORKBOOK_TEST_SECRET")
@@ -187,7 +187,7 @@ def test_syntax_error_and_time_limits_are_named(graded):
     by = _by(graded)
     assert "cell 2 has a SyntaxError at line 1" in by[("abe/" + LAB, "10.1")]["verdict"]
     assert by[("abe/" + LAB, "10.2")]["status"] == "failed"
-    assert "cell time limit of 10 s" in by[("abe/" + LAB, "10.2")]["verdict"]
+    assert "cell time limit of 6 s" in by[("abe/" + LAB, "10.2")]["verdict"]
     assert "did not stop after cell 2 ran past the time limit" in by[("ace/" + LAB, "10.5")]["verdict"]
 
 

@@ -97,38 +97,44 @@ def unknown_packages(tree: dict[str, str]) -> list[str]:
     return sorted({m.split(".")[1] for m in tree if m not in TOP and m.split(".")[1] not in LAYERS})
 
 
-TREE = sources()
-GRAPH = import_graph(TREE)
+@pytest.fixture(scope="module")
+def tree() -> dict[str, str]:  # read when a test here runs, not when pytest collects (each worker collects all)
+    return sources()
 
 
-def test_the_tree_was_read():
-    assert {"common.core.env", "common.kernels.attention", "common.exercises.cases"} <= set(TREE)
+@pytest.fixture(scope="module")
+def graph(tree) -> dict[str, set[str]]:
+    return import_graph(tree)
 
 
-def test_no_import_points_up():
-    bad = upward_imports(GRAPH)
+def test_the_tree_was_read(tree):
+    assert {"common.core.env", "common.kernels.attention", "common.exercises.cases"} <= set(tree)
+
+
+def test_no_import_points_up(graph):
+    bad = upward_imports(graph)
     assert not bad, ("imports from a lower layer to a higher one (order: " + " < ".join(LAYERS) + "):\n"
                      + "\n".join(bad))
 
 
-def test_no_import_cycle():
-    found = cycles(GRAPH)
+def test_no_import_cycle(graph):
+    found = cycles(graph)
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
-def test_no_module_over_500_lines():
-    assert not long_modules(TREE), f"modules over {MAX_LINES} lines: {long_modules(TREE)}"
+def test_no_module_over_500_lines(tree):
+    assert not long_modules(tree), f"modules over {MAX_LINES} lines: {long_modules(tree)}"
 
 
-def test_no_flat_module_and_every_package_is_a_layer():
-    flat = flat_modules(TREE, packages())
+def test_no_flat_module_and_every_package_is_a_layer(tree):
+    flat = flat_modules(tree, packages())
     assert not flat, f"modules directly under common/: {flat}; put each in a package"
-    assert not unknown_packages(TREE), f"packages outside the layers {LAYERS}: {unknown_packages(TREE)}"
+    assert not unknown_packages(tree), f"packages outside the layers {LAYERS}: {unknown_packages(tree)}"
 
 
 @pytest.mark.parametrize("package", LAYERS)
-def test_every_package_says_what_lives_there_and_who_may_import_it(package):
-    doc = ast.get_docstring(ast.parse(TREE[f"common.{package}"]))
+def test_every_package_says_what_lives_there_and_who_may_import_it(package, tree):
+    doc = ast.get_docstring(ast.parse(tree[f"common.{package}"]))
     assert doc and len(doc.splitlines()) >= 2, f"common/{package}/__init__.py needs a docstring of a few lines"
     assert "import" in doc, f"common/{package}/__init__.py must say what may import it"
 

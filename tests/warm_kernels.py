@@ -1,5 +1,5 @@
-"""Warm notebook kernels for the tests: a fork server that has imported numpy and torch once, and forks a kernel from
-itself for each notebook the tests execute.
+"""Warm notebook kernels for the tests: a fork server that has imported numpy, torch, pandas and matplotlib once, and
+forks a kernel from itself for each notebook the tests execute.
 
 Every notebook `make test` runs (nbval's 15 solutions, the 15 unsolved labs) used to start a fresh kernel and import
 torch in it: about 3 s of CPU each on a 2-core VM, before the notebook's first line. Here one server per pytest
@@ -12,7 +12,8 @@ its own process group. With no server (`make nbval`, a server that died, a refus
 ordinary kernel, so nothing depends on the server being there.
 
 What the fork must not carry over: the server imports only third-party packages whose import reads no setting a test
-changes (never `common`, never triton: TRITON_INTERPRET is read at import), has no thread of its own when it forks
+changes, or imports them as a kernel would (never `common`; triton only with torch._dynamo on a CPU build of
+torch, in interpreter mode as `common.setup` puts it; pandas and matplotlib: see `_preload`), has no thread of its own when it forks
 (checked; OpenBLAS's pool, started by numpy's import, is shut down by OpenBLAS's fork handler), and the child takes
 the launcher's environment, working directory and sys.path, and fresh numpy and torch seeds, as a new process would.
 
@@ -38,7 +39,36 @@ JUPYTER_DIR = Path(__file__).resolve().parent / "jupyter"  # holds kernels/pytho
 # torch is most of the cost (about 3 s of CPU to import here). Left out, because they read their surroundings when
 # imported: pandas (whether __main__ is a script decides display.max_columns), matplotlib (MPLBACKEND, rc files),
 # ipykernel (JPY_PARENT_PID and JPY_INTERRUPT_EVENT, into its traitlets' defaults)
-PRELOAD = ("numpy", "torch")
+PRELOAD = ("numpy", "torch", "pandas", "matplotlib")
+
+
+def _preload() -> None:
+    """Import PRELOAD as a kernel would have them: pandas decides at import whether it runs in a Jupyter kernel
+    (display.max_columns 20, against a terminal's 0: a table's width), and matplotlib takes its backend from
+    MPLBACKEND at import, which ipykernel sets to its inline backend when unset. (pyplot is left out: it loads the
+    backend, whose hooks need the kernel's shell.)"""
+    import builtins
+    import importlib
+    import types
+    builtins.get_ipython = lambda: types.SimpleNamespace(kernel=True)  # what pandas asks, only while it loads
+    backend = os.environ.get("MPLBACKEND")
+    if not backend:
+        os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    finally:
+        del builtins.get_ipython
+        if not backend:
+            os.environ.pop("MPLBACKEND", None)
+    import torch
+    if torch.version.cuda is None and torch.version.hip is None:  # a CPU build: no GPU, so Triton is interpreted
+        os.environ["TRITON_INTERPRET"] = "1"  # as common.setup sets it on a CPU, before anything imports triton
+        importlib.import_module(DYNAMO)
+
+
+# torch.compile, DDP, DTensor and activation checkpointing import it on first use (2.5 s here, with sympy and triton)
+DYNAMO = "torch._dynamo"
 
 
 def use_warm_kernels() -> None:
@@ -103,9 +133,10 @@ def _reap(*_):
 
 def serve(path: str, parent: int) -> None:
     _die_with(parent)
-    import importlib
-    for name in PRELOAD:
-        importlib.import_module(name)
+    _preload()
+    import gc
+    gc.freeze()  # the preloaded objects out of the collector's reach: a kernel's collections then never walk (and so
+    #              copy, page by page) the heap it shares with this server
     preloaded = _threads()
     sys.stdout.flush(), sys.stderr.flush()
     signal.signal(signal.SIGCHLD, _reap)
@@ -157,6 +188,10 @@ def _become_kernel(conn: socket.socket, fds: list, request: dict) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        if DYNAMO in sys.modules:  # triton came with it, in interpreter mode: this kernel's setup() will say the same
+            os.environ["TRITON_INTERPRET"] = "1"
+        import matplotlib  # the backend this kernel's environment names, as its own import would take it
+        matplotlib.rcParams["backend"] = os.environ.get("MPLBACKEND") or "module://matplotlib_inline.backend_inline"
         sys.argv = ["ipykernel_launcher", *request["argv"]]
         del sys.path[0]  # as ipykernel_launcher does with the working directory (IPython puts '' back)
         import numpy

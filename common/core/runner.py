@@ -28,6 +28,7 @@ KINDS = ("solutions", "labs")
 # The kernel's start-up log (e.g. its warning about unencrypted local TCP) would clutter the progress lines; cell
 # errors still reach the notebook and the report.
 KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
+KERNEL_NAME = "python3"  # the kernel spec `execute` starts (the tests' own runs switch it to their warm kernel)
 
 
 @dataclass
@@ -87,7 +88,7 @@ def execute(src: Path, profile: str, out_dir: Path, kind: str = "solutions", tim
     start = time.perf_counter()
     try:
         nb = pm.execute_notebook(str(src), str(out_dir / name), parameters={"PROFILE": profile},
-                                 kernel_name="python3", cwd=str(src.parent), progress_bar=False,
+                                 kernel_name=KERNEL_NAME, cwd=str(src.parent), progress_bar=False,
                                  execution_timeout=timeout, extra_arguments=KERNEL_ARGS)
         run.status = "ok"
         run.error = _first_error(nb)
