@@ -38,7 +38,14 @@ def test_entry_point_under_torchrun(module, tmp_path):
 
 
 def test_help_of_every_entry_point_names_its_backend_option():
-    for module in ENTRY_POINTS:
-        out = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO_ROOT, capture_output=True,
-                             text=True, timeout=120)
-        assert out.returncode == 0 and "--backend" in out.stdout and "torchrun" in out.stdout, (module, out.stderr)
+    # `python -m <module> --help` for each, in one process (runpy is what -m runs): one interpreter's start, not four
+    code = ("import runpy, sys\nfor m in sys.argv[1:]:\n    sys.argv = [m, '--help']\n    try:\n"
+            "        runpy.run_module(m, run_name='__main__', alter_sys=True)\n    except SystemExit as e:\n"
+            "        print(f'=== {m} exited with {e.code}', flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code, *ENTRY_POINTS], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    parts = out.stdout.split("=== ")
+    for module, text in zip(ENTRY_POINTS, parts):
+        assert "--backend" in text and "torchrun" in text, (module, text[-500:])
+    assert [p.split("\n")[0] for p in parts[1:]] == [f"{m} exited with 0" for m in ENTRY_POINTS], out.stdout[-2000:]
