@@ -143,10 +143,16 @@ def check_absorbed_attention(absorbed_attention, cases):
 # ---------------------------------------------------------------- 14.3
 
 def _paged_case(gen, page, length, spare=3):
-    """A cache whose top 4 blocks no table entry uses (so a misreading stays in bounds and can be named)."""
+    """A cache whose top 4 blocks no table entry uses (so a misreading stays in bounds and can be named), and a
+    table that maps no logical block to the physical block of the same number (a derangement): reading logical
+    blocks never agrees with the table by chance, so each misreading has one name (a table with row[0] == 0 made
+    blocks-of-64 and logical reads equal for the first 64 tokens)."""
     blocks = -(-length // page)
     kv = torch.randn(blocks + spare + 4, page, 6, generator=gen, dtype=torch.float64)
-    return kv, torch.randperm(blocks + spare, generator=gen).to(torch.int32)
+    while True:                            # about e draws on average
+        row = torch.randperm(blocks + spare, generator=gen)
+        if not bool((row == torch.arange(blocks + spare)).any()):
+            return kv, row.to(torch.int32)
 
 
 @checker("14.3", "a sequence's cache through its block table")
