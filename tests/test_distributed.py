@@ -97,23 +97,38 @@ def test_timeout_stops_everything(marker):
     _nothing_left(marker)
 
 
-def _interrupted_run(after_s: float, marker: str, started: bool = True) -> None:
-    """A run interrupted (KeyboardInterrupt, the notebook's stop button) after `after_s`. Python's own SIGINT handler
-    is put in place first: `interrupt_main` does nothing while SIGINT is ignored, as an earlier test may leave it."""
+def _interrupted_run(after_s: float | None, marker: str, started: bool = True) -> None:
+    """A run interrupted (KeyboardInterrupt, the notebook's stop button) after `after_s`, or (None) once every rank
+    has started its child and gone to sleep in the worker. Python's own SIGINT handler is put in place first:
+    `interrupt_main` does nothing while SIGINT is ignored, as an earlier test may leave it."""
     saved = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(after_s, _thread.interrupt_main)
+    stop = threading.Event()
+
+    def interrupt():
+        if after_s is not None:
+            stop.wait(after_s)
+        else:
+            deadline = time.monotonic() + 60
+            while len(glob.glob(f"{marker}.*")) < 2 and time.monotonic() < deadline and not stop.wait(0.05):
+                pass
+            stop.wait(0.3)  # the ranks are past writing their children's pids: asleep in the worker
+        if not stop.is_set():
+            _thread.interrupt_main()
+
+    timer = threading.Thread(target=interrupt, daemon=True)
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             D.run_workers(W.parent_worker, 2, args=(marker, "sleep"), backend="gloo", timeout=60)
     finally:
-        timer.cancel()
+        stop.set()
+        timer.join()
         signal.signal(signal.SIGINT, saved)
     _nothing_left(marker, started)
 
 
 def test_keyboard_interrupt_stops_everything(marker):
-    _interrupted_run(6.0, marker)
+    _interrupted_run(None, marker)  # while the ranks run (it used to wait a fixed 6 s for them to start)
 
 
 def test_interrupt_while_ranks_start_stops_everything(marker):

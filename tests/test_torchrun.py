@@ -1,7 +1,9 @@
 """The torchrun entry points: each runs under `torchrun --standalone --nproc-per-node 2` with gloo (torch's own
-launcher, `python -m torch.distributed.run`) and writes the ledger names its lab writes."""
+launcher, `python -m torch.distributed.run`) and writes the ledger names its lab writes. All four run in the ranks of
+one launch, one after another, each as `-m` runs it (tests/torchrun_entry_points.py): a launch is three torch imports."""
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -23,18 +25,42 @@ ENTRY_POINTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One torchrun launch (2 gloo ranks) that runs every entry point in turn, as `-m` runs it
+    (tests/torchrun_entry_points.py): each module's ledger in its own file."""
+    ledgers = tmp_path_factory.mktemp("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(REPO_ROOT / "tests" / "torchrun_entry_points.py"), str(ledgers)]
+    for module in sorted(ENTRY_POINTS):
+        cmd += [module, "--backend", "gloo", *ENTRY_POINTS[module][0], "--"]
+    # its own session, so that a timeout kills the ranks too (killing the launcher alone left them running)
+    proc = subprocess.Popen(cmd[:-1], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += "\n(killed after 300 s)"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), ledgers, " ".join(cmd[:-1])
+
+
 @pytest.mark.parametrize("module", sorted(ENTRY_POINTS))
-def test_entry_point_under_torchrun(module, tmp_path):
-    args, names = ENTRY_POINTS[module]
-    ledger = tmp_path / "results.jsonl"
-    env = {**os.environ, "WORKBOOK_RESULTS": str(ledger), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", module,
-           "--backend", "gloo", *args]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+def test_entry_point_under_torchrun(module, launched):
+    proc, ledgers, cmd = launched
+    ledger = ledgers / f"{module}.jsonl"
+    assert ledger.exists(), f"{module} wrote no ledger\n{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     records = [json.loads(line) for line in ledger.read_text().splitlines()]
-    assert {r["name"] for r in records} == names
+    assert {r["name"] for r in records} == ENTRY_POINTS[module][1]
     assert all(r["lab"] in ("07_collectives", "08_pipeline_dualpipe") for r in records)
+    assert f"=== {module} on rank 1" in proc.stdout, f"{module} did not run on rank 1\n{proc.stdout[-3000:]}"
+
+
+def test_the_launch_exits_cleanly(launched):
+    proc, _, cmd = launched
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
 def test_help_of_every_entry_point_names_its_backend_option():
