@@ -31,12 +31,13 @@ def launched(tmp_path_factory):
     (tests/torchrun_entry_points.py): each module's ledger in its own file."""
     ledgers = tmp_path_factory.mktemp("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    groups = [[module, "--backend", "gloo", *ENTRY_POINTS[module][0]] for module in sorted(ENTRY_POINTS)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(REPO_ROOT / "tests" / "torchrun_entry_points.py"), str(ledgers)]
-    for module in sorted(ENTRY_POINTS):
-        cmd += [module, "--backend", "gloo", *ENTRY_POINTS[module][0], "--"]
+           str(REPO_ROOT / "tests" / "torchrun_entry_points.py"), str(ledgers), *groups[0]]
+    for group in groups[1:]:
+        cmd += ["--", *group]
     # its own session, so that a timeout kills the ranks too (killing the launcher alone left them running)
-    proc = subprocess.Popen(cmd[:-1], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=300)
@@ -44,7 +45,7 @@ def launched(tmp_path_factory):
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         err += "\n(killed after 300 s)"
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), ledgers, " ".join(cmd[:-1])
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), ledgers, " ".join(cmd)
 
 
 @pytest.mark.parametrize("module", sorted(ENTRY_POINTS))

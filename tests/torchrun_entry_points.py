@@ -32,10 +32,11 @@ def _groups(argv):
         yield group
 
 
-def _fresh_store(i: int) -> None:
-    """Point env:// at a new store for module number i (> 0): rank 0 picks a free port and hosts it."""
+def _fresh_store(i: int, agent_port: int) -> None:
+    """Point env:// at a new store for module number i (> 0): rank 0 picks a free port and hosts it; the port goes
+    to the other ranks through torchrun's store at `agent_port`."""
     import torch.distributed as dist
-    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["TORCHRUN_AGENT_PORT"]), is_master=False,
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], agent_port, is_master=False,
                           timeout=timedelta(seconds=60))
     if os.environ["RANK"] == "0":
         with socket.socket() as s:
@@ -46,10 +47,10 @@ def _fresh_store(i: int) -> None:
 
 def main() -> None:
     ledger_dir, rest = sys.argv[1], sys.argv[2:]
-    os.environ["TORCHRUN_AGENT_PORT"] = os.environ["MASTER_PORT"]
+    agent_port = int(os.environ["MASTER_PORT"])
     for i, (module, *args) in enumerate(_groups(rest)):
         if i:
-            _fresh_store(i)
+            _fresh_store(i, agent_port)
         os.environ["WORKBOOK_RESULTS"] = os.path.join(ledger_dir, module + ".jsonl")
         print(f"=== {module} on rank {os.environ.get('RANK')}", flush=True)
         sys.argv = [module, *args]
