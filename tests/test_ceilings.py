@@ -80,6 +80,30 @@ def test_machine_profile_measured_once(tmp_path, monkeypatch):
     assert "copy bandwidth" in p2.summary() and "thread" in p2.summary()
 
 
+def test_profile_of_fewer_threads_is_measured_again(tmp_path, monkeypatch):
+    """A profile saved by a run with fewer threads (OMP_NUM_THREADS=1) is not this process's roof: measure again;
+    one saved with as many threads or more is served as it is."""
+    monkeypatch.setattr(ceilings, "MACHINE_DIR", tmp_path)
+    monkeypatch.setattr(ceilings, "_cached", {})
+    monkeypatch.setattr(ceilings, "dram_buffer_bytes", lambda caches=None, device="cpu": 2**22)
+    monkeypatch.setitem(ceilings.MATMUL_N, "cpu", 256)
+    first = ceilings.machine_profile(min_run_time=0.01, rounds=1)
+    calls = []
+    real = ceilings._time_copy
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    monkeypatch.setattr(ceilings, "_time_copy", counting)
+    monkeypatch.setattr(ceilings, "_cached", {})
+    monkeypatch.setattr(ceilings, "_torch_threads", lambda: first.threads)
+    assert ceilings.machine_profile().copy.value == first.copy.value and not calls
+    monkeypatch.setattr(ceilings, "_cached", {})
+    monkeypatch.setattr(ceilings, "_torch_threads", lambda: first.threads + 1)
+    ceilings.machine_profile(min_run_time=0.01, rounds=1)
+    assert calls, "a profile measured with fewer threads than this process has was served as this machine's roof"
+
+
 def test_fingerprint_is_stable():
     assert ceilings.fingerprint() == ceilings.fingerprint()
     assert ceilings.fingerprint().startswith("cpu-")

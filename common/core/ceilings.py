@@ -356,14 +356,20 @@ def profile_path(fp: str | None = None) -> Path:
 _cached: dict = {}
 
 
+def _torch_threads() -> int:
+    import torch
+    return torch.get_num_threads()
+
+
 def machine_profile(refresh: bool = False, min_run_time: float = 0.1, keep_best: bool = False,
                     rounds: int = 6) -> MachineProfile:
-    """This machine's profile: loaded from build/machine/<fingerprint>.json, measured (and saved) only when absent
-    or when `refresh=True`. Each ceiling is the best block over `rounds` rounds (copy and matmul taking turns, each
-    timed for `min_run_time` seconds per round), over one thread and torch's thread count (the count that won is in its
-    detail), the copy buffer past the last-level cache; every lab that asks gets the same roof. Rounds spread the
-    measurement over a few seconds: on a shared machine a single short burst of timing can fall wholly in a moment
-    when a neighbour holds a core (a two-thread matmul then runs at one thread's rate).
+    """This machine's profile: loaded from build/machine/<fingerprint>.json, measured (and saved) only when absent,
+    when it was measured with fewer CPU threads than this process has, or when `refresh=True`. Each ceiling is the
+    best block over `rounds` rounds (copy and matmul taking turns, each timed for `min_run_time` seconds per round),
+    over one thread and torch's thread count (the count that won is in its detail), the copy buffer past the
+    last-level cache; every lab that asks gets the same roof. Rounds spread the measurement over a few seconds: on a
+    shared machine a single short burst of timing can fall wholly in a moment when a neighbour holds a core (a
+    two-thread matmul then runs at one thread's rate).
 
     `keep_best=True` (lab 00's re-measurement) keeps, per ceiling, the higher of the saved and the new value: a
     ceiling is the best this machine has shown, so a run on a busy machine cannot lower the roof that later points
@@ -383,10 +389,13 @@ def machine_profile(refresh: bool = False, min_run_time: float = 0.1, keep_best:
         if path.exists():
             try:
                 prof = MachineProfile.from_json(json.loads(path.read_text()))
+            except (ValueError, TypeError, KeyError):
+                prof = None  # an old or broken file: measure again
+            # a CPU profile measured with fewer threads than this process has (a run under OMP_NUM_THREADS=1) set
+            # its roof too low for it: measure again
+            if prof is not None and (prof.device != "cpu" or prof.threads >= _torch_threads()):
                 _cached[fp] = prof
                 return prof
-            except (ValueError, TypeError, KeyError):
-                pass  # an old or broken file: measure again
     import torch
     dev = current().device
     caches = cache_sizes() if dev == "cpu" else {"L2": gpu_l2_bytes()}
