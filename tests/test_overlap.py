@@ -1,4 +1,6 @@
 """The compute/communication overlap model and the real overlap measurement on a CPU (gloo)."""
+import math
+
 import pytest
 
 from common.parallel import overlap as O
@@ -54,7 +56,9 @@ def test_cpu_overlap_measurement_runs_and_is_consistent():
     assert t["sum_s"] == pytest.approx(t["matmul_s"] + t["allreduce_s"])
     assert t["speedup"] == pytest.approx(t["sum_s"] / t["overlapped_s"])
     assert t["beats_ideal_by"] == pytest.approx(t["speedup"] / t["ideal_speedup"] - 1)
-    assert t["speedup"] > 0.2  # a busy 2-core machine may not overlap at all; it must not break
+    # no bound on the speedup itself: a busy 2-core machine may not overlap at all (CI measured 0.19 once, with the
+    # other pytest worker on the cores); the notebook shows the figure, and benchmarks judge speed, not tests
+    assert math.isfinite(t["speedup"]) and t["speedup"] > 0
 
 
 def test_round_robin_timing_takes_medians_in_turns():
