@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.systems import deepseek_trace  # noqa: E402
+from common.systems.v3 import trace as deepseek_trace  # noqa: E402
 
 
 def main(argv) -> int:

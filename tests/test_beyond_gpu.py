@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from common.facts.models import load_model_config
-from common.systems import hostside, kvcache, memory, sharing
+from common.systems.host import hostside, memory, sharing
+from common.systems.inference import kvcache
 
 
 def test_deepseek_v3_mla_is_576_values_per_layer():

@@ -1,4 +1,4 @@
-"""DeepSeek's trace, read (common.systems.deepseek_trace): classes, figures from a synthetic trace of the same format,
+"""DeepSeek's trace, read (common.systems.v3.trace): classes, figures from a synthetic trace of the same format,
 clear errors, the derivation script, and the committed figures' consistency. No test needs the original train.json."""
 import json
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from common.core.env import REPO_ROOT
-from common.systems import deepseek_trace as dt
+from common.systems.v3 import trace as dt
 from tests import synthetic_trace as st
 
 

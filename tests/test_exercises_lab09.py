@@ -8,7 +8,7 @@ from common.exercises.lab09 import (
     check_memory_per_gpu,
     check_rack_pflops,
 )
-from common.systems import topology
+from common.systems.cluster import topology
 
 
 def stub(*args, **kwargs):

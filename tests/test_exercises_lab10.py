@@ -169,8 +169,8 @@ def test_learner_errors_and_wrong_types_are_verdicts():
 
 
 def test_calling_the_reference_is_caught():
-    from common.systems import scaling
-    with pytest.raises(CheckFailed, match="called common.systems.scaling.train_flops"):
+    from common.systems.cluster import scaling
+    with pytest.raises(CheckFailed, match="called common.systems.cluster.scaling.train_flops"):
         check_train_flops(lambda n, d: scaling.train_flops(n, d))
-    with pytest.raises(CheckFailed, match="called common.systems.scaling.gpu_hours"):
+    with pytest.raises(CheckFailed, match="called common.systems.cluster.scaling.gpu_hours"):
         check_training_days(lambda f, n, g, d, m: scaling.gpu_hours(f, g, m, d) / n / 24)

@@ -4,7 +4,8 @@ import pytest
 
 from common.core.checks import CheckFailed
 from common.exercises import lab11
-from common.systems import kvcache, sharing
+from common.systems.host import sharing
+from common.systems.inference import kvcache
 
 
 def _stub(*a):
@@ -53,7 +54,7 @@ def _shared(d, n, m):
 
 
 def test_shared_utilisation():
-    with pytest.raises(CheckFailed, match="passed common.systems.sharing.shared_utilisation itself"):
+    with pytest.raises(CheckFailed, match="passed common.systems.host.sharing.shared_utilisation itself"):
         lab11.check_shared_utilisation(sharing.shared_utilisation)
     assert lab11.check_shared_utilisation(_shared).passed
 
@@ -120,9 +121,9 @@ def test_mig_whole_slice_named():
 
 
 def test_calling_the_reference_is_caught():
-    with pytest.raises(CheckFailed, match="called common.systems.kvcache.kv_bytes_per_token"):
+    with pytest.raises(CheckFailed, match="called common.systems.inference.kvcache.kv_bytes_per_token"):
         lab11.check_kv_bytes_per_token(lambda l, h, kv, d, b: kvcache.kv_bytes_per_token(l, kv, d, d, b))
-    with pytest.raises(CheckFailed, match="called common.systems.kvcache.paged_waste"):
+    with pytest.raises(CheckFailed, match="called common.systems.inference.kvcache.paged_waste"):
         lab11.check_paged_waste(lambda ls, b: kvcache.paged_waste(ls, b))
 
 

@@ -63,7 +63,7 @@ def test_head_dims_are_distinct_in_a_fixed_case():
 
 
 def v3_cfg():
-    from common.systems import v3model
+    from common.systems.v3 import model as v3model
     return v3model.config()
 
 
@@ -115,7 +115,7 @@ def test_gpu_hours_wrong(wrong, match):
 
 
 def test_calling_the_reference_is_caught():
-    from common.systems import v3model
+    from common.systems.v3 import model as v3model
     with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
         check_gpu_hours(lambda s, g, t: v3model.gpu_hours_per_t_tokens(s, g, t))
     with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):

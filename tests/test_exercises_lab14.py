@@ -52,7 +52,7 @@ def test_kv_bytes_wrong(wrong, match):
 
 
 def test_kv_bytes_refuses_the_reference():
-    from common.systems import kvcache
+    from common.systems.inference import kvcache
 
     def calls_reference(cfg, b):
         return kvcache.mla_bytes_per_token(cfg["num_hidden_layers"], cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], b) \
@@ -216,7 +216,7 @@ def test_cost_wrong(wrong, match):
 
 
 def test_cost_refuses_the_reference():
-    from common.systems import service
+    from common.systems.inference import service
     with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
         check_cost_per_m_tokens(lambda t, u, g: service.cost_per_m_tokens(t, u, g))
     assert math.isclose(service.cost_per_m_tokens(14800, 2, 8), 0.3003003, rel_tol=1e-6)

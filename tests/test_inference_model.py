@@ -1,11 +1,11 @@
-"""common.systems.inference_model and common.systems.service: DeepGEMM's table reproduced at its own points, the
+"""common.systems.inference.model and common.systems.inference.service: DeepGEMM's table reproduced at its own points, the
 step model's structure, the day's accounting reproducing DeepSeek's reported nodes, cost and margin, bad input."""
 import math
 
 import pytest
 
 from common.parallel import overlap
-from common.systems import inference_model as im, service
+from common.systems.inference import model as im, service
 
 
 def test_facts_have_sources():

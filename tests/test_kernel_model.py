@@ -5,7 +5,7 @@ import math
 import pytest
 
 from common.parallel import pipeline
-from common.systems import deepseek_trace, kernel_rates as kr, v3kernels, v3model, v3step, v3waterfall
+from common.systems.v3 import kernel_rates as kr, kernels as v3kernels, model as v3model, step as v3step, trace as deepseek_trace, waterfall as v3waterfall
 
 
 # ---------------------------------------------------------------- rates

@@ -1,10 +1,10 @@
-"""common.systems.paged_kv (allocation, copy-on-write, errors that never corrupt another request) and
-common.systems.kv_trace (fragmentation, paged against contiguous)."""
+"""common.systems.inference.paged_kv (allocation, copy-on-write, errors that never corrupt another request) and
+common.systems.inference.kv_trace (fragmentation, paged against contiguous)."""
 import pytest
 import torch
 
-from common.systems import kv_trace
-from common.systems.paged_kv import BlockAllocator, CacheFull, PagedKVCache, fp8_kv
+from common.systems.inference import kv_trace
+from common.systems.inference.paged_kv import BlockAllocator, CacheFull, PagedKVCache, fp8_kv
 
 
 def _rows(n, width=4, layers=1, seed=0):

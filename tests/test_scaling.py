@@ -1,9 +1,9 @@
-"""common/systems/scaling.py: 6ND, GPU-hours, implied MFU, cost, energy, memory per parameter, and its input checks."""
+"""common/systems/cluster/scaling.py: 6ND, GPU-hours, implied MFU, cost, energy, memory per parameter, and its input checks."""
 import math
 
 import pytest
 
-from common.systems import scaling
+from common.systems.cluster import scaling
 
 
 def test_six_n_d_and_its_inverse():

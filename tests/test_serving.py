@@ -1,9 +1,9 @@
-"""common.systems.serving: the tiny MLA model decodes exactly what a full prefill computes, batching never changes a
+"""common.systems.inference.serving: the tiny MLA model decodes exactly what a full prefill computes, batching never changes a
 request's tokens, and continuous batching beats static batching."""
 import pytest
 import torch
 
-from common.systems import serving
+from common.systems.inference import serving
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

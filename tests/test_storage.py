@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from common.facts import models
-from common.systems import kvcache, storage, v3model
+from common.systems import storage
+from common.systems.inference import kvcache
+from common.systems.v3 import model as v3model
 from common.systems.storage import files as _files  # noqa: F401  (storage.files for monkeypatching)
 from common.systems.storage import KIB, MIB, StorageError
 

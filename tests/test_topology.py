@@ -1,9 +1,9 @@
-"""common/systems/topology.py: rack figures derived from per-GPU facts, fabrics, collectives, parallelism layouts."""
+"""common/systems/cluster/topology.py: rack figures derived from per-GPU facts, fabrics, collectives, parallelism layouts."""
 import json
 
 import pytest
 
-from common.systems import topology
+from common.systems.cluster import topology
 
 
 def test_nvl72_figures_match_nvidia_headlines():

@@ -6,7 +6,8 @@ import pytest
 from common.facts import hardware
 from common.moe import moe
 from common.parallel import pipeline
-from common.systems import topology, v3model, v3step
+from common.systems.cluster import topology
+from common.systems.v3 import model as v3model, step as v3step
 
 
 def test_defaults_come_from_data():

@@ -12,7 +12,7 @@ import pytest
 from common.core.checks import CheckFailed
 from common.exercises import lab00, lab02, lab03, lab04, lab05, lab09, lab10
 from common.facts import hardware
-from common.systems import scaling
+from common.systems.cluster import scaling
 
 B = {"fp64": 8, "fp32": 4, "bf16": 2, "fp8": 1, "fp4": 0.5}
 DT = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}

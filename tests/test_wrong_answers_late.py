@@ -181,7 +181,7 @@ WRONG = {
 
 
 def _share(d, n, mode):
-    from common.systems import sharing
+    from common.systems.host import sharing
     own = own_copy(sharing.shared_utilisation)
     return own(d, n, mode)
 

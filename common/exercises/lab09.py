@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common.core.checks import checker, expect, expect_close, near
 from common.exercises.cases import as_number, learner_call, replayable
-from common.systems import topology
+from common.systems.cluster import topology
 
 NUMBER = "one number (a float)"
 

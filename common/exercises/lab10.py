@@ -6,7 +6,7 @@ import math
 
 from common.core.checks import checker, expect, expect_equal, near
 from common.exercises.cases import as_number, expect_number, fresh_cases, learner_call
-from common.systems import scaling
+from common.systems.cluster import scaling
 
 GPUS = ["H100-SXM", "H800-SXM", "H200-SXM", "A100-SXM", "B200", "GB200"]
 

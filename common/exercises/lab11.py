@@ -5,7 +5,9 @@ import math
 
 from common.core.checks import checker, expect, fail
 from common.exercises.cases import as_number, expect_number, fresh_cases, learner_call
-from common.systems import kvcache, sharing, storage
+from common.systems import storage
+from common.systems.host import sharing
+from common.systems.inference import kvcache
 
 BYTES_PER_VALUE = (1, 2, 4)  # FP8/INT8, BF16/FP16, FP32: each gets a fixed case
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from common.core.checks import checker, expect, expect_close, fail, near
 from common.exercises.cases import as_number, learner_call, replayable
-from common.systems import v3model
+from common.systems.v3 import model as v3model
 
 NUMBER = "one number (a float)"
 

@@ -12,7 +12,7 @@ from common.core.checks import checker, expect, expect_close, fail, near
 from common.exercises.cases import as_number, learner_call, replayable
 from common.facts import models
 from common.kernels import mla, mla_decode
-from common.systems import kvcache, service
+from common.systems.inference import kvcache, service
 
 NUMBER = "one number (a float)"
 

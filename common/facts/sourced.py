@@ -1,8 +1,8 @@
 """Fact files of data/ in the form {"facts": {name: {"value", "unit", "source", "note"}}, "sources": {key: {"title",
 "url", "date", "commit"?}}}: `FactFile(path).fact(name)` is the value, `.source(name)` where it comes from.
 
-data/deepseek_v3_run.json (lab 13, `common.systems.v3facts`) and data/deepseek_v3_service.json (lab 14,
-`common.systems.inference_model`) are read through it.
+data/deepseek_v3_run.json (lab 13, `common.systems.v3.facts`) and data/deepseek_v3_service.json (lab 14,
+`common.systems.inference.model`) are read through it.
 """
 from __future__ import annotations
 

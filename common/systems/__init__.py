@@ -1,7 +1,7 @@
-"""Whole systems (labs 09-14): rack topology, the arithmetic of scale and cost, the host side of a training loop,
-device memory and the KV cache, GPU sharing, storage (`storage`: reads, checkpoints, 3FS's scale), the profiling
-capstone and the DeepSeek-V3 step model; lab 14's paged KV cache (`paged_kv`, `kv_trace`), serving with continuous
-batching (`serving`) and DeepSeek's inference service from first principles (`inference_model`, `service`).
+"""Whole systems (labs 09-14), a package per subject: `cluster` (rack topology, the arithmetic of scale and cost),
+`host` (the host side of a training loop, device memory, GPU sharing), `storage` (reads, checkpoints, 3FS's scale),
+`capstone` (the profiling loop of lab 12), `v3` (DeepSeek-V3's training step from first principles and its H800
+trace) and `inference` (the KV cache, paged, serving with continuous batching, DeepSeek's inference service).
 
 May import every package above it (core, facts, kernels, moe, parallel); imported only by the checkers.
 """

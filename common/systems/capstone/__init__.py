@@ -15,7 +15,7 @@ One namespace for the lab (`from common.systems import capstone`), one module pe
   `step_flops_and_bytes` (torch's counters).
 `python -m common.systems.capstone --version final --steps 5` runs steps for nsys / ncu on a GPU.
 
-Imports common.core, common.facts, common.moe and common.systems.v3model; imported by lab 12's checkers.
+Imports common.core, common.facts, common.moe and common.systems.v3.model; imported by lab 12's checkers.
 """
 from common.systems.capstone.block import (
     COMPONENTS,

@@ -51,7 +51,7 @@ class LayerShape:
 def v3_layer() -> LayerShape:
     """A DeepSeek-V3 MoE layer (data/models/deepseek_v3.json) at its training sequence length, one micro-batch of
     one sequence (data/deepseek_v3_run.json)."""
-    from common.systems import v3model
+    from common.systems.v3 import model as v3model
     c = v3model.config()
     seq = int(v3model.fact("sequence_length"))
     return LayerShape("DeepSeek-V3 MoE layer", seq, seq, c["hidden_size"], c["num_attention_heads"],
@@ -134,7 +134,7 @@ def predicted_times(s: LayerShape, peak_flops: dict, bandwidth: float) -> dict:
 def v3_predicted_times(gpu_id: str | None = None) -> dict:
     """A DeepSeek-V3 layer's part times on its training GPU's datasheet roofline (dense peaks, HBM bandwidth)."""
     from common.facts import hardware
-    from common.systems import v3model
+    from common.systems.v3 import model as v3model
     gpu = hardware.gpu(gpu_id or v3model.fact("gpu_id"))
     peaks = {dt: gpu.peak_tflops(dt) * 1e12 for dt in ("fp8", "bf16")}
     return predicted_times(v3_layer(), peaks, gpu.hbm_bandwidth_gbs * 1e9)

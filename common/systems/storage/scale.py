@@ -13,8 +13,10 @@ from __future__ import annotations
 from common.core.env import REPO_ROOT
 from common.core.validate import number, whole
 from common.facts import hardware, models, sourced
-from common.systems import inference_model, kvcache, topology, v3model
-from common.systems import service as service_day
+from common.systems.cluster import topology
+from common.systems.inference import kvcache, model as inference_model
+from common.systems.v3 import model as v3model
+from common.systems.inference import service as service_day
 from common.systems.storage.files import GIB
 
 FACTS_PATH = REPO_ROOT / "data" / "storage_3fs.json"

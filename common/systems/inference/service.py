@@ -1,6 +1,6 @@
 """The service's bill from its throughput: cost per million tokens, the daily cost and the margin at R1's prices,
 the KV cache a prefill node hands to a decode node, what the on-disk KV cache saves, and which input of the
-first-principles model (`common.systems.inference_model`) would have to move to reproduce a reported figure.
+first-principles model (`common.systems.inference.model`) would have to move to reproduce a reported figure.
 
 Day accounting (DeepSeek's day-6 figures, data/deepseek_v3_service.json): a day's input tokens at the prefill rate
 per node and its output tokens at the decode rate per node give the nodes the service holds on average; at
@@ -13,7 +13,7 @@ from dataclasses import replace
 
 
 from common.core.validate import number, whole
-from common.systems import inference_model as im
+from common.systems.inference import model as im
 
 SECONDS_PER_HOUR = 3600
 

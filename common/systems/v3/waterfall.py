@@ -1,7 +1,7 @@
 """DeepSeek's measured H800 step set beside lab 13's kernel-level model, and the road from it to the reported 180K.
 
-- `trace_comparison()`: the model's F&B pair of 4 + 4 MoE layers (common.systems.v3step) against the trace's
-  measured step (common.systems.deepseek_trace), phase by phase;
+- `trace_comparison()`: the model's F&B pair of 4 + 4 MoE layers (common.systems.v3.step) against the trace's
+  measured step (common.systems.v3.trace), phase by phase;
 - `gemm_comparison()`: each GEMM and attention kernel of the trace, its FLOPs from the config for the chunk's
   tokens over the trace's duration, beside the published rate the model uses for its shape;
 - `waterfall()`: from the trace's step to GPU-hours per trillion tokens, term by term -- the pipeline (lab 08's
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from common.systems import deepseek_trace, v3kernels, v3model, v3step
+from common.systems.v3 import kernels as v3kernels, model as v3model, step as v3step, trace as deepseek_trace
 
 REPORTED = "gpu_hours_per_t_tokens"
 

@@ -7,8 +7,9 @@ from dataclasses import replace
 
 from common.facts import hardware, models
 from common.parallel import collectives, pipeline
-from common.systems import kernel_rates, topology
-from common.systems.v3facts import config, fact
+from common.systems.cluster import topology
+from common.systems.v3 import kernel_rates
+from common.systems.v3.facts import config, fact
 
 
 def sketch(cfg=None) -> topology.ModelSketch:

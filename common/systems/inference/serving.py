@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from common.core import timing
 from common.core.validate import whole
 from common.kernels import mla, mla_decode
-from common.systems.paged_kv import PagedKVCache
+from common.systems.inference.paged_kv import PagedKVCache
 
 POLICIES = ("continuous", "static")
 

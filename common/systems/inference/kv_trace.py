@@ -3,7 +3,7 @@
 A server does not know how many tokens a request will generate. Contiguous allocation must reserve, at admission,
 one run of slots for the prompt plus the most the request may generate (its max_output), first fit in the pool;
 what it does not fill is wasted while the request runs (internal fragmentation), and free slots split into runs too
-short for the next request (external fragmentation). Paged allocation (`common.systems.paged_kv.PagedKVCache`)
+short for the next request (external fragmentation). Paged allocation (`common.systems.inference.paged_kv.PagedKVCache`)
 takes one block at a time as the sequence grows, so a request wastes less than one block; when the pool runs dry
 the most recently admitted request is preempted (its blocks freed, the request requeued to start again), as vLLM
 does. `simulate` steps the trace (each step: arrivals, admissions first come first served, one token for every
@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from common.core.validate import number, whole
-from common.systems.paged_kv import CacheFull, PagedKVCache
+from common.systems.inference.paged_kv import CacheFull, PagedKVCache
 
 POLICIES = ("contiguous", "paged")
 

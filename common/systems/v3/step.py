@@ -1,4 +1,4 @@
-"""DeepSeek-V3's DualPipe chunks composed from their kernels (common.systems.v3kernels): the overlapped F&B pair as
+"""DeepSeek-V3's DualPipe chunks composed from their kernels (common.systems.v3.kernels): the overlapped F&B pair as
 DeepSeek's trace runs it, lone chunks, the layers of each pipeline stage, and durations for lab 08's simulator.
 
 An F&B pair runs the forward chunk's blocks and the backward chunk's blocks interleaved, one of each at a time, on
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from common.parallel import pipeline
-from common.systems import v3kernels
+from common.systems.v3 import kernels as v3kernels
 
 COMPUTE_ORDER = ("attn(F)", "mlp(B)", "mlp(W)", "mlp(F)", "attn(B)", "attn(W)")
 COMM_ORDER = ("combine(B)", "dispatch(F)", "dispatch(B)", "combine(F)")
@@ -252,7 +252,7 @@ def trace_durations(prof, pp_send: float = 0.0) -> pipeline.Durations:
     compute phases of that direction plus its DeepEP transfer kernels (dispatch and combine; the notify kernels are
     left out: in the trace they spin while the overlapped peers catch up, which a lone chunk does not wait for).
     W: the weight-gradient phases."""
-    from common.systems import deepseek_trace
+    from common.systems.v3 import trace as deepseek_trace
     ph = deepseek_trace.phases(prof)
 
     def busy(names):

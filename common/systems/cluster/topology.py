@@ -17,7 +17,7 @@ from functools import lru_cache
 
 from common.core.env import REPO_ROOT
 from common.core.validate import whole
-from common.systems import scaling
+from common.systems.cluster import scaling
 
 SYSTEMS_PATH = REPO_ROOT / "data" / "systems.json"
 DTYPES = ("fp4", "fp8", "bf16")

@@ -6,9 +6,9 @@ Two models live here:
 - `predict_flop_rate(x)`: the first estimate -- every GEMM FLOP at one stated efficiency of the dense peak
   (DeepGEMM's headline 1,350 TFLOP/s), the attention core at FlashAttention-3's 75% of BF16, nothing else counted.
   An upper bound on the speed (lab 09 uses its chunk, `chunk(x)`, as the compute term);
-- `predict(x)`: the kernel-level model -- each block's kernels timed from their shapes (common.systems.v3kernels:
+- `predict(x)`: the kernel-level model -- each block's kernels timed from their shapes (common.systems.v3.kernels:
   DeepGEMM's per-shape tables, FlashAttention-3's figures, memory-bound kernels at the HBM bandwidth, DeepEP's
-  all-to-all on the SMs it holds), composed into F&B pairs as DeepSeek's trace runs them (common.systems.v3step),
+  all-to-all on the SMs it holds), composed into F&B pairs as DeepSeek's trace runs them (common.systems.v3.step),
   stages split as evenly as contiguous layers allow, the DualPipe / 1F1B schedule simulated
   (common.parallel.pipeline), plus the PP sends, the ZeRO-1 gradient sync and optimizer step, and the batch ramp.
 The run's facts come from data/deepseek_v3_run.json (each with its source).
@@ -27,9 +27,10 @@ from common.facts import hardware
 from common.kernels import roofline
 from common.moe import moe
 from common.parallel import pipeline
-from common.systems import scaling, topology, v3kernels, v3step
-from common.systems.v3facts import RUN_PATH, config, fact, load_run, source  # noqa: F401  (re-exported)
-from common.systems.v3memory import (activation_bytes_per_token_layer, dp_sync_seconds, memory_gb,  # noqa: F401
+from common.systems.cluster import scaling, topology
+from common.systems.v3 import kernels as v3kernels, step as v3step
+from common.systems.v3.facts import RUN_PATH, config, fact, load_run, source  # noqa: F401  (re-exported)
+from common.systems.v3.memory import (activation_bytes_per_token_layer, dp_sync_seconds, memory_gb,  # noqa: F401
                                      optimizer_seconds, param_layout, sketch)
 
 PRECISIONS = ("fp8", "bf16")

@@ -2,26 +2,27 @@
 one GPU for one micro-batch chunk, forward and backward, each kernel timed from first principles -- no constant
 fitted to a measured step.
 
-- GEMMs at DeepGEMM's published rate for their shape (common.systems.kernel_rates: forward, dgrad, wgrad tables);
+- GEMMs at DeepGEMM's published rate for their shape (common.systems.v3.kernel_rates: forward, dgrad, wgrad tables);
   BF16 GEMMs (router, heads) at the BF16 peak times the FP8 table's efficiency at the nearest shape;
 - attention at FlashAttention-3's published forward / backward rate;
 - memory-bound kernels (norms, quantisation and transposes, SwiGLU, RoPE, permute/unpermute, cross-entropy) as the
   bytes DeepSeek's recipe must read and write, over the datasheet HBM bandwidth (a lower bound each);
 - the EP all-to-all (DeepEP dispatch and combine) as bytes over DeepEP's measured bottleneck bandwidth, with
-  node-limited routing and per-node de-duplication (common.systems.topology);
+  node-limited routing and per-node de-duplication (common.systems.cluster.topology);
 - compute kernels run on `sm_share` of the SMs (112 of 132 while DeepEP's kernels hold 20).
 
 Phases are named as in DeepSeek's profile-data trace: attn(F), mlp(F) for the forward chunk; mlp(B), mlp(W),
 attn(B), attn(W) for the backward chunk (W: the weight gradients); the communication phases dispatch(F),
 combine(F), dispatch(B) (the backward of dispatch: a combine of gradients, BF16) and combine(B) (a dispatch of
-gradients, FP8). Kernel classes are the trace's (common.systems.deepseek_trace.CLASSES).
+gradients, FP8). Kernel classes are the trace's (common.systems.v3.trace.CLASSES).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from common.core.validate import number, whole
-from common.systems import kernel_rates, topology
+from common.systems.cluster import topology
+from common.systems.v3 import kernel_rates
 
 COMPUTE_PHASES = ("attn(F)", "mlp(F)", "mlp(B)", "mlp(W)", "attn(B)", "attn(W)")
 COMM_PHASES = ("dispatch(F)", "combine(F)", "dispatch(B)", "combine(B)")

@@ -7,7 +7,7 @@ Per GPU, per layer, a micro-batch of b tokens runs four parts (two micro-batches
   attention at the roofline of the measured ceilings (FlashMLA: 3,000 GB/s, 660 TFLOP/s) -- over the KV cache in
   decode (MQA mode, 576 / 512), over the prompt in prefill (MHA mode, 192 / 128, causal);
 - dispatch (network): each token's FP8 hidden vector to its 8 experts; combine: the BF16 outputs back
-  (`common.systems.topology.ep_all_to_all_seconds`, labs 07 and 13) -- decode on DeepEP's low-latency kernels (pure
+  (`common.systems.cluster.topology.ep_all_to_all_seconds`, labs 07 and 13) -- decode on DeepEP's low-latency kernels (pure
   RDMA, one copy per expert, no SMs: `dedup=False`, DeepEP's measured bandwidth), prefill on the normal kernels
   (one IB copy per node, forwarded over NVLink; they take `comm_sms` of the 132 SMs);
 - experts (SMs): this GPU's routed experts as one grouped GEMM (tokens spread evenly over the replicas, EPLB's
@@ -24,7 +24,9 @@ from common.core.validate import number, whole
 from common.facts import hardware, models, sourced
 from common.moe import moe
 from common.parallel import overlap
-from common.systems import kernel_rates, kvcache, topology, v3model
+from common.systems.cluster import topology
+from common.systems.inference import kvcache
+from common.systems.v3 import kernel_rates, model as v3model
 
 SERVICE_PATH = REPO_ROOT / "data" / "deepseek_v3_service.json"
 SECONDS_PER_DAY = 86400

@@ -9,7 +9,7 @@ same and returns their flat slots (block * block_size + offset); `write(layer, s
 last block copies it first (copy-on-write), so a child never changes its parent's cache. Bad input raises before
 anything changes: a request longer than the pool (`CacheFull`), an unknown or freed sequence, a write into a free
 or a shared block, a stale block table (`check_table`).
-Fragmentation over a request trace, paged against contiguous allocation: `common.systems.kv_trace`.
+Fragmentation over a request trace, paged against contiguous allocation: `common.systems.inference.kv_trace`.
 """
 from __future__ import annotations
 

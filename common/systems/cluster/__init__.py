@@ -1,0 +1,3 @@
+"""Cluster arithmetic (labs 09-10): rack and network topology (`topology`), the arithmetic of scale and cost
+(`scaling`).
+"""
