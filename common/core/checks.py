@@ -16,9 +16,10 @@ import functools
 import math
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
-PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
+PASSED, FAILED, NOT_ATTEMPTED, NEEDS_TRITON = "passed", "failed", "not attempted", "needs Triton"
 _status: dict[str, str] = {}
 _titles: dict[str, str] = {}
 _details: dict[str, str] = {}
@@ -43,7 +44,7 @@ class Verdict:
         """Already printed by the checker: show nothing more when a check is a cell's last expression."""
 
     def __str__(self) -> str:
-        mark = {PASSED: "PASS", FAILED: "FAIL", NOT_ATTEMPTED: "TODO"}[self.status]
+        mark = {PASSED: "PASS", FAILED: "FAIL", NOT_ATTEMPTED: "TODO", NEEDS_TRITON: "SKIP"}[self.status]
         return f"{mark} Exercise {self.exercise} ({self.title}): {self.detail}"
 
 
@@ -88,9 +89,11 @@ def progress(lab: int | str) -> None:
         if r["status"] == FAILED:
             line += f" -- {r['verdict']}"
         print(line)
-    counts = {s: sum(r["status"] == s for r in records) for s in (PASSED, FAILED, NOT_ATTEMPTED, "not checked")}
+    counts = {s: sum(r["status"] == s for r in records)
+              for s in (PASSED, FAILED, NOT_ATTEMPTED, NEEDS_TRITON, "not checked")}
     print(f"Lab {int(lab):02d}: {counts[PASSED]} of {len(records)} exercises passed, {counts[FAILED]} failed, "
-          f"{counts[NOT_ATTEMPTED]} not attempted, {counts['not checked']} not checked yet.")
+          f"{counts[NOT_ATTEMPTED]} not attempted, {counts['not checked']} not checked yet"
+          + (f", {counts[NEEDS_TRITON]} need Triton (not installed here)." if counts[NEEDS_TRITON] else "."))
 
 
 def first_line(message: str) -> str:
@@ -108,22 +111,58 @@ def ready(exercise: str) -> bool:
     if _status.get(exercise) == PASSED:
         return True
     why = {None: "its check has not run yet", NOT_ATTEMPTED: "it is not attempted yet",
-           FAILED: "its check failed"}[_status.get(exercise)]
+           FAILED: "its check failed", NEEDS_TRITON: "it needs Triton, which is not installed here"
+           }[_status.get(exercise)]
     title = _titles.get(exercise, "")
     print(f"Skipped: this cell needs Exercise {exercise}{f' ({title})' if title else ''}, and {why}. "
           f"Finish it, run its check, then run this cell again.")
     return False
 
 
+def _is_learner_file(filename: str) -> bool:
+    """Is this a frame of the learner's own code (a notebook cell, a script), not a library's or the workbook's?"""
+    import sysconfig
+    if filename.startswith("<") and not filename.startswith("<ipython-input"):
+        return False
+    libraries = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    workbook = str(Path(__file__).resolve().parents[1])  # common/
+    return not any(filename.startswith(p) for p in libraries | {workbook}) and "site-packages" not in filename
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from, outermost first (Triton's interpreter re-raises the learner's
+    error as an InterpreterError from it)."""
+    out = []
+    while exc is not None and exc not in out:
+        out.append(exc)
+        exc = exc.__cause__ or (exc.__context__ if not exc.__suppress_context__ else None)
+    return out
+
+
 def _learner_error(exc: BaseException) -> str:
-    """One line naming an exception raised inside the learner's code, with the innermost frame (for code that ran in
-    a sandbox, the frame it reported)."""
+    """One line naming an exception raised inside the learner's code, at the learner's own line (library frames
+    trimmed: a Triton kernel's error is reported where the learner's kernel source raised it, with the original
+    error, not the interpreter's wrapper); for code that ran in a sandbox, the frame it reported."""
     remote = getattr(exc, "_remote_where", None)
     if remote is not None:
         return f"your code raised {type(exc).__name__}: {exc}" + (f" (at {remote})" if remote else "")
+    chain = _chain(exc)
+    for inner in reversed(chain):  # innermost exception first: the one raised where the mistake is
+        frames = [f for f in traceback.extract_tb(inner.__traceback__) if _is_learner_file(f.filename)]
+        if frames:
+            f = frames[-1]
+            cell = "your cell" if "ipykernel" in f.filename or f.filename.startswith("<ipython") else f.filename
+            return (f"your code raised {type(inner).__name__}: {inner} (in {cell}, line {f.lineno}"
+                    + (f": {f.line}" if f.line else "") + ")")
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {frames[-1].name}, line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
     return f"your code raised {type(exc).__name__}: {exc}{where}"
+
+
+def needs_triton(exc: BaseException) -> bool:
+    """Was `exc` raised because Triton is not installed here (a ModuleNotFoundError for triton, anywhere in its
+    chain)? A checker then reports "needs Triton", not a failure."""
+    return any(isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == "triton" for e in _chain(exc))
 
 
 _checkers: dict[str, Callable] = {}
@@ -146,6 +185,9 @@ def _judge(exercise: str, title: str, check: Callable, args: tuple, kwargs: dict
     except CheckFailed as exc:
         return Verdict(exercise, title, FAILED, str(exc)), None
     except Exception as exc:  # the learner's code crashed: say where, as a verdict
+        if needs_triton(exc):
+            said = str(exc) if "needs Triton" in str(exc) else f"needs Triton, which is not installed here ({exc})"
+            return Verdict(exercise, title, NEEDS_TRITON, said), None
         return Verdict(exercise, title, FAILED, _learner_error(exc)), exc
     return Verdict(exercise, title, PASSED, detail or "correct"), None
 
@@ -290,6 +332,13 @@ def expect_close(got: Any, expected: Any, what: str = "result", rtol: float = 1e
         fail(f"{what}: {int((~close).sum())} of {close.size} elements differ; first at index {idx}: expected "
              f"{_fmt(float(e[idx]))}, got {_fmt(float(g[idx]))}; largest abs error {float(np.nanmax(err)):.3g} "
              f"(rtol {rtol:g}, atol {atol:g})")
+
+
+def verify(got: Any, expected: Any, what: str = "result", rtol: float = 1e-5, atol: float = 1e-8) -> None:
+    """Verify before timing: a kernel's result against a reference (in higher precision); a mismatch raises
+    CheckFailed naming the first differing element (FAIL ... in a notebook), a match prints one line."""
+    expect_close(got, expected, what, rtol=rtol, atol=atol)
+    print(f"verified: {what} matches its reference")
 
 
 def install_notebook_handler() -> None:

@@ -9,6 +9,7 @@ import os
 import platform
 import random
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,8 +93,12 @@ def configure_triton(has_gpu: bool) -> str:
                                "cell first, so Triton can be put in interpreter mode on this CPU-only machine")
         os.environ["TRITON_INTERPRET"] = "1"
     import importlib.util
-    if importlib.util.find_spec("triton") is None:  # found, not imported: a lab that never launches a kernel pays
-        return "unavailable"                         # nothing for it (about 0.7 s per notebook)
+    try:  # found, not imported: a lab that never launches a kernel pays nothing for it (about 0.7 s per notebook)
+        found = importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return "unavailable"
     return "compiled" if has_gpu and os.environ.get("TRITON_INTERPRET") != "1" else "interpreted"
 
 
@@ -149,6 +154,9 @@ def setup(lab: str, profile: str = "auto", seed: int = 0, quiet: bool = False) -
     has_gpu = _cuda_available()
     resolved = resolve_profile(profile, has_gpu)
     triton_mode = configure_triton(has_gpu)
+    # Triton's interpreter runs a kernel's arithmetic in NumPy, which warns on an overflow or a NaN (a learner's
+    # unmasked exp, say): the check names the wrong result; the warning would only print red to stderr
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton(\.|$)")
     seed_everything(seed)
     if has_gpu:
         import torch

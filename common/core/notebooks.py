@@ -2,7 +2,8 @@
 
 In a solution's code cells, the lines from `### BEGIN SOLUTION` to `### END SOLUTION` become one line,
 `raise NotImplementedError("Exercise N.M: ...")`, indented like the marker (N.M is the first "Exercise N.M" named in
-the cell). In markdown cells, `<!-- BEGIN SOLUTION -->` ... `<!-- END SOLUTION -->` becomes "*Your answer here.*".
+the cell). In markdown cells, `<!-- BEGIN SOLUTION -->` ... `<!-- END SOLUTION -->` becomes "*Your answer here.*". A
+`predict("key", guess, ...)` call keeps its key and loses its guess (`...`): the learner writes their own.
 Outputs and execution counts are cleared. Each lab carries a hash of what was generated, so a lab a learner has
 edited is never overwritten: `generate` refuses, or with force=True backs it up first and says where.
 """
@@ -62,6 +63,30 @@ def _stub_code(source: str, where: str) -> str:
     return "\n".join(out)
 
 
+def _blank_predictions(source: str) -> str:
+    """The learner's copy asks for the guess: `predict("key", 20, ...)` becomes `predict("key", ..., ...)`."""
+    if "predict(" not in source:
+        return source
+    import ast
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    lines = source.split("\n")
+    spans = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "predict" \
+                and len(node.args) >= 2 and not (isinstance(node.args[1], ast.Constant) and node.args[1].value is ...):
+            guess = node.args[1]
+            spans.append((guess.lineno, guess.col_offset, guess.end_lineno, guess.end_col_offset))
+    for l0, c0, l1, c1 in sorted(spans, reverse=True):
+        if l0 != l1:
+            raise MarkerError(f"a predict(...) guess must fit on one line: {lines[l0 - 1].strip()}")
+        line = lines[l0 - 1]
+        lines[l0 - 1] = line[:c0] + "..." + line[c1:]
+    return "\n".join(lines)
+
+
 def _stub_markdown(source: str, where: str) -> str:
     pattern = re.compile(re.escape(MD_BEGIN) + r".*?" + re.escape(MD_END), re.S)
     result = pattern.sub(MD_STUB, source)
@@ -83,7 +108,7 @@ def make_lab(solution) -> nbformat.NotebookNode:
     for i, cell in enumerate(lab.cells):
         where = f"{name or 'notebook'} cell {i}"
         if cell.cell_type == "code":
-            cell.source = _stub_code(cell.source, where)
+            cell.source = _blank_predictions(_stub_code(cell.source, where))
             cell.outputs = []
             cell.execution_count = None
         elif cell.cell_type == "markdown":

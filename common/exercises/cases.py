@@ -22,7 +22,7 @@ import secrets
 import sys
 from dataclasses import dataclass
 
-from common.core.checks import CheckFailed, _learner_error
+from common.core.checks import CheckFailed, _learner_error, needs_triton
 
 
 @dataclass
@@ -123,6 +123,8 @@ def learner_call(fn, args: tuple, call: str, references=(), used: set | None = N
     except (NotImplementedError, CheckFailed):
         raise
     except Exception as exc:
+        if needs_triton(exc):  # Triton is not installed here: the verdict is "needs Triton", not a mistake
+            raise
         _reraise_stub(exc)
         should = f" should return {expected};" if expected else ":"
         raise CheckFailed(f"{call}{should} {_learner_error(exc)}") from exc

@@ -223,6 +223,12 @@ def source(hw_id: str, field: str = "*") -> dict:
     return out
 
 
+def gpu_variant(variant_id: str) -> dict:
+    """A card that shares a chip with a GPU of the table but not its memory system ("H100-NVL"): its sourced facts."""
+    variants = {k: v for k, v in _data()["gpu_variants"].items() if k != "description"}
+    return dict(variants[_resolve(variant_id, sorted(variants), "GPU variant id", "variant_id")])
+
+
 def table(dtype: str = "bf16") -> list[dict]:
     """One row per GPU (for a printed table): memory, bandwidth, dense/sparse rate of `dtype`, ridge point."""
     d = normalize_dtype(dtype)

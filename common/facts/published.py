@@ -1,0 +1,128 @@
+"""Published GPU figures of what the labs measure here, for the claims a run prints (`common.core.claims`).
+
+    figure("liger.rmsnorm_fused_vs_eager")  -> Published(10.5, "x", "H100 NVL", "a fused Triton RMSNorm ...", source)
+
+The raw numbers live in data/ with their sources (data/published_gpu.json, data/hardware.json's datasheets,
+data/kernel_rates.json's DeepGEMM and FlashAttention-3 rates); the comparisons are computed here, once, so a claim
+never carries a number nobody published. `names()` lists them.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+from common.core.claims import Published
+from common.facts import hardware
+from common.facts.sourced import FactFile
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+GPU_FILE = FactFile(DATA / "published_gpu.json")
+
+
+def _fact(name: str) -> float:
+    return GPU_FILE.fact(name)
+
+
+def _source(name: str) -> str:
+    """'title (url, date)' of the source fact `name` of data/published_gpu.json cites."""
+    src = GPU_FILE.data["sources"][GPU_FILE.data["facts"][name]["source"]]
+    return f"{src['title']} ({src['url']}, {src['date']})"
+
+
+def _datasheet(gpu_id: str, field: str) -> str:
+    src = hardware.source(gpu_id, field)
+    return f"{src['title']} ({src['url']}, {src['date']})"
+
+
+@lru_cache(maxsize=1)
+def _kernel_rates() -> dict:
+    return json.loads((DATA / "kernel_rates.json").read_text())
+
+
+def _rates_source(key: str) -> str:
+    src = _kernel_rates()["sources"][key]
+    return f"{src['title']} ({src['url']}, {src['date']})"
+
+
+def _liger_bytes() -> float:
+    """Bytes a fused RMSNorm forward moves at least: read x, write y (bf16), read the weight."""
+    rows, hidden = _fact("liger.rmsnorm.rows"), _fact("liger.rmsnorm.hidden")
+    return (2 * rows * hidden + hidden) * 2
+
+
+def _h100_hbm() -> Published:
+    return Published(hardware.gpu("H100-SXM").hbm_bandwidth_tbs, "TB/s", "H100 SXM", "HBM3 bandwidth, datasheet peak",
+                     _datasheet("H100-SXM", "hbm_bandwidth_tbs"))
+
+
+def _h100_bf16() -> Published:
+    return Published(hardware.peak_tflops("H100-SXM", "bf16"), "TFLOP/s", "H100 SXM", "bf16 tensor cores, dense, "
+                     "datasheet peak", _datasheet("H100-SXM", "tflops"))
+
+
+def _deepgemm_best() -> Published:
+    table = _kernel_rates()["deepgemm_fp8"]["normal"]
+    m, n, k, tflops = max(table, key=lambda row: row[3])[:4]
+    peak = hardware.peak_tflops("H800-SXM", "fp8")
+    return Published(100 * tflops / peak, "% of the dense FP8 peak", "H800 SXM",
+                     f"DeepGEMM's fastest FP8 GEMM of its table, {m} x {n} x {k}: {tflops:,} of {peak:,.0f} TFLOP/s",
+                     _rates_source("deepgemm_a6d97a1"))
+
+
+def _fa3_forward() -> Published:
+    fa3 = _kernel_rates()["flash_attention_3"]
+    tflops = fa3["forward"]["noncausal"]["128"][-1]
+    peak = hardware.peak_tflops("H100-SXM", "bf16")
+    return Published(100 * tflops / peak, "% of the dense bf16 peak", "H100 SXM",
+                     f"FlashAttention-3 forward, head dim 128, {fa3['seqlens'][-1]:,} tokens: {tflops} of {peak} TFLOP/s",
+                     _rates_source("fa3_paper"))
+
+
+def _liger(key: str, over: str, what: str) -> Published:
+    return Published(_fact(f"liger.rmsnorm_fwd_ms.{over}") / _fact(f"liger.rmsnorm_fwd_ms.{key}"), "x", "H100 NVL",
+                     what, _source("liger.rmsnorm_fwd_ms.liger"))
+
+
+def _liger_hbm_fraction() -> Published:
+    achieved = _liger_bytes() / (_fact("liger.rmsnorm_fwd_ms.liger") * 1e-3)
+    peak = hardware.gpu_variant("H100-NVL")["hbm_bandwidth_tbs"] * 1e12
+    return Published(100 * achieved / peak, "% of HBM bandwidth", "H100 NVL",
+                     f"Liger's fused RMSNorm forward, 2048 x 4096 bf16: {achieved / 1e12:.2f} of {peak / 1e12:.1f} TB/s "
+                     f"moved (read x, write y)", _source("liger.rmsnorm_fwd_ms.liger"))
+
+
+_FIGURES: dict[str, Callable[[], Published]] = {
+    "h100.hbm_bandwidth": _h100_hbm,
+    "h100.bf16_dense_peak": _h100_bf16,
+    "deepgemm.fp8_best_fraction_of_peak": _deepgemm_best,
+    "fa3.forward_fraction_of_peak": _fa3_forward,
+    "liger.rmsnorm_fused_vs_eager": lambda: _liger(
+        "liger", "huggingface", "a fused Triton RMSNorm forward vs eager PyTorch (one kernel per op), 2048 x 4096 bf16"),
+    "liger.rmsnorm_fused_vs_compile": lambda: _liger(
+        "liger", "torchcompile", "a fused Triton RMSNorm forward vs torch.compile of the eager module, same shape"),
+    "liger.rmsnorm_compile_vs_eager": lambda: _liger(
+        "torchcompile", "huggingface", "torch.compile of an eager RMSNorm vs eager, 2048 x 4096 bf16"),
+    "liger.rmsnorm_fraction_of_hbm": _liger_hbm_fraction,
+    "pytorch2.inference_speedup": lambda: Published(
+        _fact("pytorch2.inductor_inference_speedup"), "x", "A100", "torch.compile (TorchInductor) vs eager, geometric "
+        "mean over 180+ models, inference", _source("pytorch2.inductor_inference_speedup")),
+    "pytorch2.training_speedup": lambda: Published(
+        _fact("pytorch2.inductor_training_speedup"), "x", "A100", "torch.compile (TorchInductor) vs eager, geometric "
+        "mean over 180+ models, training", _source("pytorch2.inductor_training_speedup")),
+    "cuda.event_resolution": lambda: Published(
+        _fact("cuda.event_resolution_us"), "us", "any CUDA GPU", "the resolution of a CUDA event pair's elapsed time",
+        _source("cuda.event_resolution_us")),
+}
+
+
+def names() -> list[str]:
+    return sorted(_FIGURES)
+
+
+def figure(name: str) -> Published:
+    """The published figure `name` (see `names()`), with its source."""
+    if name not in _FIGURES:
+        raise ValueError(f"{name!r} is not a published figure; known: {', '.join(names())}")
+    return _FIGURES[name]()
