@@ -44,7 +44,8 @@ try:
 except ImportError:
     if sys.platform.startswith("linux"):
         raise
-    tv = "not available on this platform (labs 03-04 need Linux)"
+    tv = ("not available on this platform: labs 03, 04 and 14 run their Triton cells only where Triton is installed "
+          "(Linux or WSL); each says so and goes on")
 print("setup: ok, torch", torch.__version__, "| triton", tv)
 PYEOF
 echo "setup: done in $(( $(date +%s) - start )) s"
