@@ -56,7 +56,7 @@ GRADE_JOBS ?= 1
 ROSTER ?=
 grade: $(VENV)/.installed
 	$(if $(DIR),,$(error make grade needs DIR=<folder of learners' notebooks>, e.g. make grade DIR=submissions))
-	bash scripts/sandbox_setup.sh
+	WORKBOOK_NEED_SANDBOX=1 bash scripts/sandbox_setup.sh
 	$(PY) -m common grade "$(DIR)" --out build/grades --cell-timeout $(CELL_TIMEOUT) \
 		--notebook-timeout $(NOTEBOOK_TIMEOUT) --jobs $(GRADE_JOBS) $(if $(ROSTER),--roster "$(ROSTER)")
 

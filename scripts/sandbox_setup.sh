@@ -12,6 +12,10 @@ if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }
   command -v bwrap >/dev/null && exit 0
 fi
-echo "sandbox: bubblewrap (bwrap) not found. Install it (Debian/Ubuntu: sudo apt-get install -y bubblewrap; Fedora:" >&2
-echo "         sudo dnf install bubblewrap), then run again." >&2
-exit 1
+if [ -n "${CI:-}" ] || [ -n "${WORKBOOK_NEED_SANDBOX:-}" ]; then  # CI and `make grade` must have the sandbox
+  echo "sandbox: bubblewrap (bwrap) not found. Install it (Debian/Ubuntu: sudo apt-get install -y bubblewrap; Fedora:" >&2
+  echo "         sudo dnf install bubblewrap), then run again." >&2
+  exit 1
+fi
+echo "sandbox: bubblewrap not found: the grading tests will be skipped (sudo apt-get install -y bubblewrap to run them)"
+exit 0

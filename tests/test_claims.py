@@ -125,3 +125,25 @@ def test_a_learner_error_is_reported_at_the_learner_line():
         library_wrapper()
     line = checks._learner_error(info.value)
     assert line.startswith("your code raised ValueError: shapes do not match") and "raise ValueError" in line
+
+
+def test_without_a_working_sandbox_the_grading_tests_are_skipped_except_under_ci(tmp_path):
+    """A learner's `make test` where bubblewrap cannot run: the grading tests are skipped with the install line; with
+    CI set they run (and would fail)."""
+    import os
+    import subprocess
+    import sys
+
+    from common.core.env import REPO_ROOT
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    (fake / "bwrap").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_XDIST_WORKER")}
+    env.update(PATH=f"{fake}{os.pathsep}{env['PATH']}", WORKBOOK_BROWSER="1")  # no warm kernels: none are needed
+    cmd = [sys.executable, "-m", "pytest", "tests/test_grading.py", "-k", "refused_without_a_sandbox", "-q", "-rs",
+           "-p", "no:cacheprovider", "-p", "no:xdist"]
+    learner = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "1 skipped" in learner.stdout and "install bubblewrap" in learner.stdout, learner.stdout[-2000:]
+    ci = subprocess.run(cmd, cwd=REPO_ROOT, env=env | {"CI": "1"}, capture_output=True, text=True, timeout=120)
+    assert "1 passed" in ci.stdout, ci.stdout[-2000:]

@@ -20,7 +20,7 @@ from common.core import checks, grading
 from common.core.env import REPO_ROOT
 from common.core.grading import sandbox
 
-pytestmark = [pytest.mark.notebooks, pytest.mark.skipif(not sys.platform.startswith("linux"),
+pytestmark = [pytest.mark.notebooks, pytest.mark.sandbox, pytest.mark.skipif(not sys.platform.startswith("linux"),
                                                         reason="the sandbox is Linux-only")]
 
 LAB = "10_scaling_and_cost.ipynb"
