@@ -64,6 +64,10 @@ def test_notebook_in_browser(notebook, lab, browser):
         nb = NotebookPage(page, lab.notebook_url(notebook))
         time.sleep(1)
         assert not nb.dirty(), f"{notebook} is marked unsaved right after opening"
+        deeper = _going_deeper_body(REPO / notebook)
+        hidden = page.evaluate("() => window.jupyterapp.shell.currentWidget.content.widgets.map(w => w.isHidden)")
+        shown = [i for i in deeper if not hidden[i]]
+        assert not shown, f"{notebook}: going-deeper cells {shown} are shown on opening (their heading must be collapsed)"
         t0 = time.time()
         state = nb.run_all(CELL_LIMIT, NOTEBOOK_LIMIT)
         print(f"\n{notebook}: ran all cells in {time.time() - t0:.1f} s")
@@ -93,6 +97,13 @@ def test_notebook_in_browser(notebook, lab, browser):
     finally:
         page.close()
         lab.shutdown_kernels()
+
+
+def _going_deeper_body(path: Path) -> list[int]:
+    """Indices of the cells under a collapsed 'Going deeper' heading (the heading itself stays visible)."""
+    cells = json.loads(path.read_text())["cells"]
+    return [i for i, c in enumerate(cells) if "going-deeper" in c.get("metadata", {}).get("tags", [])
+            and not "".join(c["source"]).lstrip().startswith("### Going deeper")]
 
 
 def _with_wrong_answers(root: Path) -> str:

@@ -111,6 +111,27 @@ _FIGURES: dict[str, Callable[[], Published]] = {
     "pytorch2.training_speedup": lambda: Published(
         _fact("pytorch2.inductor_training_speedup"), "x", "A100", "torch.compile (TorchInductor) vs eager, geometric "
         "mean over 180+ models, training", _source("pytorch2.inductor_training_speedup")),
+    "fa3.forward_fp16_utilization": lambda: Published(
+        100 * _fact("fa3.fp16_utilization"), "% of the dense FP16 peak", "H100 SXM",
+        f"FlashAttention-3 forward, up to {_fact('fa3.fp16_tflops_max'):.0f} TFLOP/s", _source("fa3.fp16_utilization")),
+    "fa3.speedup_over_fa2": lambda: Published(
+        _fact("fa3.speedup_over_fa2_high"), "x", "H100 SXM", f"FlashAttention-3 over FlashAttention-2, FP16 (the paper: "
+        f"{_fact('fa3.speedup_over_fa2_low')}-{_fact('fa3.speedup_over_fa2_high')}x)", _source("fa3.speedup_over_fa2_high")),
+    "fa3.fp8_pflops": lambda: Published(
+        _fact("fa3.fp8_pflops"), "PFLOP/s", "H100 SXM", "FlashAttention-3 forward in FP8", _source("fa3.fp8_pflops")),
+    "fa3.fp8_error_vs_baseline": lambda: Published(
+        _fact("fa3.fp8_error_vs_baseline"), "x", "H100 SXM", "lower numerical error of FP8 FlashAttention-3 (block "
+        "quantization, incoherent processing) than a baseline FP8 attention", _source("fa3.fp8_error_vs_baseline")),
+    "fa2.h100_utilization": lambda: Published(
+        100 * _fact("fa2.h100_utilization"), "% of the dense FP16 peak", "H100 SXM", "FlashAttention-2's utilization, "
+        "as the FlashAttention-3 paper measured it", _source("fa2.h100_utilization")),
+    "fa2.a100_fraction_of_peak": lambda: Published(
+        100 * _fact("fa2.a100_fraction_high"), "% of the theoretical peak", "A100", f"FlashAttention-2 forward and "
+        f"backward (the paper: {100 * _fact('fa2.a100_fraction_low'):.0f}-{100 * _fact('fa2.a100_fraction_high'):.0f}%)",
+        _source("fa2.a100_fraction_high")),
+    "fa2.a100_training_tflops": lambda: Published(
+        _fact("fa2.a100_training_tflops"), "TFLOP/s", "A100", "end-to-end GPT-style training with FlashAttention-2 "
+        "(72% model FLOPs utilization)", _source("fa2.a100_training_tflops")),
     "cuda.event_resolution": lambda: Published(
         _fact("cuda.event_resolution_us"), "us", "any CUDA GPU", "the resolution of a CUDA event pair's elapsed time",
         _source("cuda.event_resolution_us")),
