@@ -86,7 +86,7 @@ def main(argv=None) -> int:
             grading.grade(Path(a.dir), Path(a.out), a.cell_timeout, a.notebook_timeout, jobs=a.jobs,
                           roster=Path(a.roster) if a.roster else None, limits=limits,
                           unsafe_no_sandbox=a.unsafe_no_sandbox)
-        except ValueError as exc:
+        except (ValueError, grading.GraderError) as exc:
             print(f"grade: {exc}")
             return 2
         print(f"wrote {Path(a.out) / 'grades.csv'} and {Path(a.out) / 'summary.md'}")

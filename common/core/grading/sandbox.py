@@ -102,6 +102,19 @@ def _python_roots() -> list[Path]:
     return roots
 
 
+def _python_aliases() -> list[tuple[str, str]]:
+    """(real folder, path as the grader names it) for each interpreter folder reached through a symlink -- a venv in
+    /tmp linked into the checkout as .venv: the runner is started by the linked path, so that path must exist inside
+    the sandbox too, bound read-only onto the real folder (wherever the sandbox's own tmpfs would hide it)."""
+    out = []
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)):
+        p = os.path.abspath(p)
+        real = os.path.realpath(p)
+        if p != real and not p.startswith("/usr/") and (real, p) not in out:
+            out.append((real, p))
+    return out
+
+
 def _etc_files(folder: Path) -> dict[str, Path]:
     """Generated /etc files: a passwd and group naming the sandbox user, and hosts with localhost only."""
     files = {"passwd": f"root:x:0:0::/:/usr/sbin/nologin\nlearner:x:{INSIDE_UID}:{INSIDE_UID}::{HOME}:/bin/sh\n"
@@ -136,6 +149,7 @@ class Sandbox:
         """(host source, path inside) of every read-only bind, in mount order (build/machine after build's tmpfs)."""
         binds = [("/usr", "/usr")] + [(str(p), str(p)) for p in _python_roots()]
         binds += [(str(REPO_ROOT / d), str(REPO_ROOT / d)) for d in ("common", "data")]
+        binds += _python_aliases()
         binds += [(p, p) for p in SYSTEM_FILES if os.path.exists(p)]
         binds += [(str(src), dst) for dst, src in _etc_files(self._tmp).items()]
         return binds
