@@ -5,10 +5,12 @@ import time
 
 import pytest
 import threaded_pipeline as T
+import torch
 
 from common.parallel import pipeline
 from common.parallel import pipeline_run as R
-from common.parallel.pipeline_run import executor
+from common.parallel.pipeline_run import plan
+from common.parallel.rendezvous import Hang
 
 
 def test_zero_bubble_split_gives_the_full_backward():
@@ -33,7 +35,8 @@ def test_zero_bubble_split_gives_the_full_backward():
     ({"schedules": "1f1b", "micro_batches": 8, "batch": 100}, "micro_batches=8.*divisor of 100"),
     ({"schedules": "1f1b", "blocks": 7}, "blocks=7.*multiple of 2"),
     ({"schedules": "dualpipe", "micro_batches": 2, "batch": 16}, "micro_batches=2"),
-    ({"schedules": "interleaved", "micro_batches": 4}, "schedule='interleaved'"),
+    ({"schedules": "interleaved", "micro_batches": 3, "batch": 12}, "micro_batches=3.*multiple of pp = 2"),
+    ({"schedules": "gpipe_x"}, "schedule='gpipe_x'"),
     ({"schedules": "1f1b", "repeats": 0}, "repeats=0"),
     ({"schedules": "1f1b", "backend": "mpi"}, "backend='mpi' is not supported"),
     ({"schedules": "1f1b", "backend": "nccl"}, "backend='nccl' needs CUDA GPUs"),
@@ -54,17 +57,16 @@ def _waits_not_in_spans(ranks: list) -> None:
             f"rank {r}: busy {busy:.4f} s + receive waits {rec['recv_wait']:.4f} s > step {rec['end']:.4f} s"
 
 
-def _run_op_timing_the_wait(op, schedule, stage, links, clock=time.perf_counter):
-    """A broken executor: the op's clock starts before its receives, so a wait for a peer counts as work."""
-    t0 = clock()
-    needs = [n for n in (executor.inputs_of(schedule, item) for item in op) if n is not None]
-    received = dict(zip([key for _, key in needs], links.receive(needs)))
-    for item in op:
-        need, out = executor.inputs_of(schedule, item), executor.output_of(schedule, item)
-        sent = stage.run(item, received.get(need[1]) if need else None)
-        if out is not None:
-            links.send(out[0], out[1], sent)
-    return t0, clock()
+class _WaitInsideTheOp(R.PointToPoint):
+    """A broken executor: the receives are waited for when the op takes its input, inside its span, so a wait for a
+    peer counts as work."""
+
+    def wait(self, k):
+        pass
+
+    def take(self, key):
+        super().wait(len(self.plan.batches))
+        return super().take(key)
 
 
 @pytest.mark.parametrize("name", ["1f1b", "dualpipe"])
@@ -72,7 +74,7 @@ def test_spans_exclude_receive_waits(monkeypatch, name):
     run = T.run(name, 2, 4 if name == "1f1b" else 8, batch=32, hidden=16, delay=0.01)  # every receive 10 ms late
     assert all(rec["recv_wait"] > 0.01 for rec in run["ranks"])
     _waits_not_in_spans(run["ranks"])
-    monkeypatch.setattr(executor, "run_op", _run_op_timing_the_wait)
+    monkeypatch.setattr(T.R, "PointToPoint", _WaitInsideTheOp)
     broken = T.run(name, 2, 4 if name == "1f1b" else 8, batch=32, hidden=16, delay=0.01)
     with pytest.raises(AssertionError, match="receive waits"):
         _waits_not_in_spans(broken["ranks"])
@@ -138,10 +140,49 @@ def test_every_schedule_runs_under_nccl_rules(name, pp):
     assert run["grad_err"] < 1e-4
 
 
-@pytest.mark.parametrize("name", R.RUNNABLE)
-def test_every_schedule_gives_the_single_process_gradients_at_pp4(name):
-    run = T.run(name, 4, 8, batch=64, blocks=8, hidden=16)
-    assert run["grad_err"] < 1e-5
+_make = plan.make
+
+
+def _late_receives(schedule, durations=None) -> list:
+    """The plans of the executor before this one: each receive posted in the batch of the op that needs it (and
+    the batch waited for whole, as NCCL returns one work per batch)."""
+    plans = _make(schedule)
+    for p in plans:
+        for _, recvs in p.batches:
+            recvs.clear()
+        for k, op in enumerate(p.ops):
+            needs = [n for n in (plan.inputs_of(schedule, item) for item in op) if n and n[0] != p.rank]
+            p.batches[k][1].extend(needs)
+            p.waits[k] = [k] if needs else []
+    return plans
+
+
+def test_receives_posted_late_deadlock_under_nccl_rules(monkeypatch):
+    """The old executor's plan -- a receive posted only when the op that needs it is next -- deadlocks DualPipe under
+    NCCL's rules: the plan check says so before any process starts, and the rendezvous transport hangs on it."""
+    sched = pipeline.build("dualpipe", 4, 8)
+    with pytest.raises(pipeline.Deadlock, match="wait on each other forever"):
+        plan.check(_late_receives(sched))
+    monkeypatch.setattr(plan, "make", _late_receives)
+    with pytest.raises(Hang, match=r"rank \d: its batch waits to send \('act', 1, 2, 1\) to rank 0 \(peer has posted no match\)"):
+        T.run("dualpipe", 4, 8, batch=32, blocks=4, hidden=8, wire="nccl", timeout=2)
+
+
+def test_the_step_updates_every_copy_as_one_process_would(monkeypatch):
+    """DualPipe holds every stage twice (rank r: stage r of one direction, pp-1-r of the other): after the step both
+    copies hold the full gradient (summed with the mirror rank) and the same weights, one SGD step from one
+    process's. Without the mirrors' all-reduce, each copy has only its own direction's half."""
+    run = T.run("dualpipe", 4, 8, batch=32, blocks=8, hidden=16, wire="nccl", lr=0.5)
+    assert run["copy_grad_err"] < 1e-5 and run["weight_err"] < 1e-5
+    d0 = {(s, i): blk for st in run["stages"] for d, s, i, blk in st.copies() if d == 0}
+    d1 = {(s, i): blk for st in run["stages"] for d, s, i, blk in st.copies() if d == 1}
+    assert d0.keys() == d1.keys() and all(torch.equal(a, b) for k in d0 for a, b in zip(d0[k], d1[k]))
+    one_way = _make(pipeline.build("dualpipe", 4, 8))
+    for p in one_way:
+        p.mirror = None  # a broken plan: no all-reduce with the mirror rank
+    monkeypatch.setattr(plan, "make", lambda schedule, durations=None: one_way)
+    half = T.run("dualpipe", 4, 8, batch=32, blocks=8, hidden=16, wire="nccl", lr=0.5)
+    assert half["copy_grad_err"] > 1e-3 and half["weight_err"] > 1e-3
 
 
 def test_four_real_ranks_with_batched_point_to_point():
@@ -150,7 +191,7 @@ def test_four_real_ranks_with_batched_point_to_point():
     res = R.run_schedules(("1f1b", "zb1p", "dualpipe", "dualpipev"), world_size=4, micro_batches=8, batch=32,
                           blocks=8, hidden=16, repeats=1, timeout=240)
     for name, r in res.items():
-        assert r["max_grad_err"] < 1e-5, name
+        assert r["max_grad_err"] < 1e-5 and r["max_weight_err"] < 1e-5, name
         assert all(b + w <= r["makespan"] * 1.001 + 1e-4 for b, w in zip(r["busy"], r["recv_wait"])), name
         sched = r["sim"].schedule
         frac = sched.stage_fraction
