@@ -30,8 +30,8 @@ class _Op:
         self.done = False
 
     def __repr__(self):
-        what = f"send to rank {self.peer}" if self.kind == "send" else f"receive from rank {self.peer}"
-        return what + (f" ({self.tag})" if self.tag is not None else "")
+        tag = f" {self.tag}" if self.tag is not None else ""
+        return f"send{tag} to rank {self.peer}" if self.kind == "send" else f"receive{tag} from rank {self.peer}"
 
 
 class _Batch:
