@@ -185,11 +185,18 @@ def test_the_step_updates_every_copy_as_one_process_would(monkeypatch):
     assert half["copy_grad_err"] > 1e-3 and half["weight_err"] > 1e-3
 
 
-def test_four_real_ranks_with_batched_point_to_point():
-    """On 4 gloo processes: 1F1B, ZB1P, DualPipe (its warm-up and zero-bubble phases run at pp = 4) and DualPipeV
-    give the single-process gradients; spans and receive waits are disjoint; the bytes are the live ones."""
-    res = R.run_schedules(("1f1b", "zb1p", "dualpipe", "dualpipev"), world_size=4, micro_batches=8, batch=32,
-                          blocks=8, hidden=16, repeats=1, timeout=240)
+def test_four_real_ranks_ours_and_torchs_engine():
+    """On 4 gloo processes, in one group: 1F1B, ZB1P, DualPipe (its warm-up and zero-bubble phases run at pp = 4) and
+    DualPipeV give the single-process gradients and weights; spans and receive waits are disjoint; the bytes are the
+    live ones. And the same model under torch.distributed.pipelining (Schedule1F1B, ScheduleDualPipeV) gives the same
+    loss and gradients as ours and as one process."""
+    from common.parallel.distributed import run_workers, start_rank_server, tasks_worker
+    names = ("1f1b", "zb1p", "dualpipe", "dualpipev")
+    ours = R.pipeline_task(names, 4, 8, 32, 8, 16, 1)
+    theirs = R.engines_task(("1f1b", "dualpipev"), 4, 8, 32, 8, 16, 1)
+    start_rank_server(*R.torch_engine.RANK_MODULES)
+    per_rank = run_workers(tasks_worker, 4, args=([ours, theirs],), backend="gloo", timeout=240)
+    res = R.summarize_all([r[0] for r in per_rank], 4, 8)
     for name, r in res.items():
         assert r["max_grad_err"] < 1e-5 and r["max_weight_err"] < 1e-5, name
         assert all(b + w <= r["makespan"] * 1.001 + 1e-4 for b, w in zip(r["busy"], r["recv_wait"])), name
@@ -198,6 +205,19 @@ def test_four_real_ranks_with_batched_point_to_point():
         expected = [frac * _expected_live_units(sched, rank) for rank in range(4)]
         assert r["peak_activations"] == pytest.approx(expected), name
         assert sum(len(s) for s in r["spans"]) == sum(len(ops) for ops in sched.ops)
-    assert list(R.compare(res).index) == ["1f1b", "zb1p", "dualpipe", "dualpipev"]
+    assert list(R.compare(res).index) == list(names)
     assert R.ledger_names(4) == {"grad_max_err": "pp.real.pp4.grad_max_err", "bubble_ratio": "pp.real.pp4.bubble_ratio"}
     assert R.ledger_names(2)["bubble_ratio"] == "pp.real.bubble_ratio"
+    engines = [r[1] for r in per_rank]
+    assert R.grad_max_err(engines) < 1e-4
+    for name, e in engines[0].items():
+        assert e["blocks_compared"] == 8 and e["ours_vs_one"] < 1e-5, name
+        assert e["torch_loss"] == pytest.approx(e["one_loss"], rel=1e-5) == e["our_loss"], name
+    assert list(R.table(engines).index) == ["1f1b", "dualpipev"]
+
+
+def test_torchs_engine_refuses_what_it_does_not_have(monkeypatch):
+    import common.parallel.distributed as D
+    monkeypatch.setattr(D, "run_workers", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(ValueError, match="schedules: 'zb1p' has no torch.distributed.pipelining schedule here"):
+        R.run_engines(("zb1p",))

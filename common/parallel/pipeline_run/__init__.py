@@ -41,6 +41,7 @@ from common.parallel.pipeline_run.p2p import PointToPoint, torch_transport
 from common.parallel.pipeline_run.plan import RankPlan, inputs_of, output_of
 from common.parallel.pipeline_run.stage import LiveBytes, Stage
 from common.parallel.pipeline_run.summary import compare, ledger_names, summarize
+from common.parallel.pipeline_run.torch_engine import engines_task, engines_worker, grad_max_err, run_engines, table
 from common.parallel.pipeline_run.worker import (
                                                  one_way_time,
                                                  pipeline_task,

@@ -62,7 +62,8 @@ class Stage:
         self._torch = torch
 
     def new_step(self) -> None:
-        """Gradients to None, activation count to zero."""
+        """Gradients to None, activation count to zero, no loss yet."""
+        self.losses = []  # the last stage's micro-batch losses (they add up to the batch's)
         self.live = LiveBytes([t for blks in self.params.values() for blk in blks for t in blk])
         for blks in self.params.values():
             for blk in blks:
@@ -82,6 +83,7 @@ class Stage:
                 y = stage_forward(self.params[(d, s)], x, self.store)
             if last:
                 y = loss_of(y, self.t_all[self._rows(d, j)], len(self.x_all))
+                self.losses.append(float(y))
             self.held[(d, s, j)] = (x, y)
             out = None if last else y.detach()
         elif kind in ("B", "Bi"):
