@@ -79,33 +79,57 @@ def run_schedule(rank: int, world_size: int, name: str, micro_batches: int, batc
 
 def pipeline_worker(rank: int, world_size: int, schedules, micro_batches: int, batch: int, blocks: int,
                     hidden: int, repeats: int = 3, seed: int = 0) -> dict:
-    """Each of `schedules` on this rank, in one process group, and the one-way time of one message."""
+    """Each of `schedules` (names, or `pipeline.Schedule`s built elsewhere -- a learner's) on this rank, in one
+    process group, and the one-way time of one message."""
     import torch
     torch.set_num_threads(1)
     out = {"comm_s": one_way_time(rank, batch // micro_batches, hidden)}
-    for name in schedules:
-        out[name] = run_schedule(rank, world_size, name, micro_batches, batch, blocks, hidden, repeats, seed)
+    for item in schedules:
+        name, sched = (item, None) if isinstance(item, str) else (item.name, item)
+        out[name] = run_schedule(rank, world_size, name, micro_batches, batch, blocks, hidden, repeats, seed,
+                                 schedule=sched)
+        out[name]["schedule"] = sched
     return out
 
 
 def pipeline_task(schedules=("gpipe", "1f1b", "dualpipe"), world_size: int = 2, micro_batches: int = 8,
                   batch: int = 128, blocks: int = 8, hidden: int = 256, repeats: int = 3,
                   backend: str | None = "gloo") -> tuple:
-    """(pipeline_worker, args), everything validated now -- before any process starts."""
-    if isinstance(schedules, str):
+    """(pipeline_worker, args), everything validated now -- before any process starts. A schedule is a name of
+    `executor.RUNNABLE`, or a `pipeline.Schedule` (checked as the simulator checks one, and planned)."""
+    if isinstance(schedules, (str, pipeline.Schedule)):
         schedules = (schedules,)
     whole("repeats", repeats)
     whole("hidden", hidden)
-    for name in schedules:
-        check_args(name, world_size, micro_batches, batch, blocks, backend)
+    for item in schedules:
+        if isinstance(item, pipeline.Schedule):
+            check_args("1f1b", world_size, micro_batches, batch, blocks, backend)  # the machine and the batch
+            check_schedule(item, world_size, micro_batches, blocks)
+        else:
+            check_args(item, world_size, micro_batches, batch, blocks, backend)
     return pipeline_worker, (tuple(schedules), micro_batches, batch, blocks, hidden, repeats)
+
+
+def check_schedule(sched, world_size: int, micro_batches: int, blocks: int) -> None:
+    """A Schedule built elsewhere: complete (`pipeline.validate`), runnable without a deadlock (`plan.make`), and
+    sized as the run: `world_size` ranks, `micro_batches` in all, a model that cuts into its stages."""
+    if len(sched.ops) != world_size or sched.micro_batches * sched.directions != micro_batches:
+        raise ValueError(f"schedule {sched.name!r} has {len(sched.ops)} ranks and "
+                         f"{sched.micro_batches * sched.directions} micro-batches; the run has world_size="
+                         f"{world_size} and micro_batches={micro_batches}")
+    if blocks % sched.stages:
+        raise ValueError(f"blocks={blocks}: schedule {sched.name!r} has {sched.stages} stages; allowed: a multiple "
+                         f"of {sched.stages}")
+    pipeline.validate(sched)
+    plan.make(sched)
 
 
 def summarize_all(per_rank: list, world_size: int, micro_batches: int) -> dict:
     """{schedule: summary} from the ranks' `pipeline_worker` records."""
     comm = per_rank[0]["comm_s"]
     names = [k for k in per_rank[0] if k != "comm_s"]
-    return {n: summarize(pipeline.build(n, world_size, micro_batches), [r[n] for r in per_rank], comm) for n in names}
+    return {n: summarize(per_rank[0][n].get("schedule") or pipeline.build(n, world_size, micro_batches),
+                         [r[n] for r in per_rank], comm) for n in names}
 
 
 def run_schedules(schedules=("gpipe", "1f1b", "dualpipe"), world_size: int = 2, micro_batches: int = 8,
