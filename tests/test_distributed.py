@@ -156,10 +156,13 @@ def test_interrupt_while_ranks_start_stops_everything(marker, launch):
 
 def test_a_killed_parent_takes_its_ranks_with_it(marker):
     """PR_SET_PDEATHSIG: the parent (a notebook kernel) killed with SIGKILL; its ranks must not outlive it."""
-    code = (f"import sys; sys.path[:0] = [{str(REPO_ROOT)!r}, {str(REPO_ROOT / 'tests')!r}]\n"
-            f"import workers\nfrom common.parallel.distributed import run_workers\n"
-            f"run_workers(workers.parent_worker, 2, args=({marker!r}, 'sleep'), backend='gloo', timeout=120)\n")
-    parent = subprocess.Popen([sys.executable, "-c", code])
+    script = Path(marker + ".py")  # a script, guarded: each rank imports it again, as multiprocessing does
+    script.write_text(f"import sys; sys.path[:0] = [{str(REPO_ROOT)!r}, {str(REPO_ROOT / 'tests')!r}]\n"
+                      f"import workers\nfrom common.parallel.distributed import run_workers\n\n"
+                      f"if __name__ == '__main__':\n"
+                      f"    run_workers(workers.parent_worker, 2, args=({marker!r}, 'sleep'), backend='gloo', "
+                      f"timeout=120)\n")
+    parent = subprocess.Popen([sys.executable, str(script)])
     try:
         deadline = time.monotonic() + 90
         while len(_with_marker(marker)) < 2 and time.monotonic() < deadline and parent.poll() is None:
@@ -233,17 +236,20 @@ def test_exit_codes_and_sys_exit_are_named(launch):
         D.run_workers(W.sysexit_worker, 2, args=(3,), backend="gloo", timeout=60)
 
 
-def test_a_script_without_main_guard_is_told_before_anything_starts(tmp_path):
-    body = (f"import sys; sys.path[:0] = [{str(REPO_ROOT)!r}, {str(REPO_ROOT / 'tests')!r}]\n"
-            f"import workers\nfrom common.parallel.distributed import run_workers\n")
-    call = "print(run_workers(workers.hello_worker, 2, backend='gloo', timeout=60))\n"
+def test_a_script_without_main_guard_is_told_before_anything_starts(tmp_path, monkeypatch):
+    """Every rank starts by importing the script that launched it: without the guard it would launch again. (A
+    guarded script that launches ranks: the killed-parent test's.)"""
+    import types
     script = tmp_path / "launch.py"
-    script.write_text(body + call)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0 and 'launch.py has no `if __name__ == "__main__":` guard' in out.stderr, out.stderr[-2000:]
-    script.write_text(body + "if __name__ == '__main__':\n    " + call)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "'sum': 3.0" in out.stdout, out.stderr[-2000:]
+    script.write_text("from common.parallel.distributed import run_workers\nrun_workers(print, 2)\n")
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    with pytest.raises(ValueError, match='launch.py has no `if __name__ == "__main__":` guard.*Put the script'):
+        D.run_workers(W.hello_worker, 2, backend="gloo")
+    script.write_text("from common.parallel.distributed import run_workers\n\nif __name__ == '__main__':\n"
+                      "    run_workers(print, 2)\n")
+    D.check_main_guard()  # guarded: no complaint
 
 
 def test_torchrun_command():

@@ -216,6 +216,24 @@ def test_four_real_ranks_ours_and_torchs_engine():
     assert list(R.table(engines).index) == ["1f1b", "dualpipev"]
 
 
+def test_a_schedule_built_elsewhere_is_checked_before_any_process_starts(monkeypatch):
+    """A learner's schedule (a pipeline.Schedule) runs like a named one; one that does not fit the run, is incomplete
+    or deadlocks is refused before a process starts."""
+    import common.parallel.distributed as D
+    monkeypatch.setattr(D, "run_workers", lambda *a, **k: pytest.fail("a process was started"))
+    good = pipeline.build("1f1b", 2, 8)
+    worker, args = R.pipeline_task((good, "gpipe"), 2, 8, 32, 4, 16, 1)
+    assert args[0] == (good, "gpipe")
+    with pytest.raises(ValueError, match=r"has 2 ranks and 8 micro-batches; the run has world_size=4"):
+        R.run_schedules((good,), world_size=4, micro_batches=8, batch=32, blocks=4)
+    missing = pipeline.Schedule("yours", 2, 2, 8, 1, dict(good.placement), [good.ops[0], good.ops[1][:-1]])
+    with pytest.raises(ValueError, match=r"is missing"):
+        R.run_schedules((missing,), world_size=2, micro_batches=8, batch=32, blocks=4)
+    stuck = pipeline.Schedule("yours", 2, 2, 8, 1, dict(good.placement), [good.ops[0], good.ops[1][::-1]])
+    with pytest.raises(pipeline.Deadlock):
+        R.run_schedules((stuck,), world_size=2, micro_batches=8, batch=32, blocks=4)
+
+
 def test_torchs_engine_refuses_what_it_does_not_have(monkeypatch):
     import common.parallel.distributed as D
     monkeypatch.setattr(D, "run_workers", lambda *a, **k: pytest.fail("a process was started"))

@@ -83,7 +83,7 @@ class Stage:
                 y = stage_forward(self.params[(d, s)], x, self.store)
             if last:
                 y = loss_of(y, self.t_all[self._rows(d, j)], len(self.x_all))
-                self.losses.append(float(y))
+                self.losses.append(y.detach())  # a tensor: reading it on a GPU would wait for the device
             self.held[(d, s, j)] = (x, y)
             out = None if last else y.detach()
         elif kind in ("B", "Bi"):
