@@ -119,7 +119,7 @@ def check_bus_factor(bus_factor, cases):
 # 7.3 ring all-reduce from isend/irecv
 
 
-def _ring_on_threads(ring_all_reduce, shape, p: int, timeout: float = 5.0):
+def _ring_on_threads(ring_all_reduce, shape, p: int, timeout: float = 3.0):
     """The learner's ring on p thread-ranks under NCCL's rules, on coded inputs: (outputs, returned, inputs, log)."""
     import torch
 
