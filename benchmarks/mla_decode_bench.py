@@ -67,8 +67,10 @@ def main(argv=None) -> int:
         sizes = sorted({bh or mla_decode.default_block_h(heads * s_q) for bh in args.block_h})
         sizes = [bh for bh in sizes if bh < heads * s_q] + [bh for bh in sizes if bh >= heads * s_q][:1]
         for block_h in sizes:
-            call = (lambda bh=block_h: mla_decode.mla_decode(q, kv, table, lens, 512, scale, block_h=bh,
-                                                             block_n=args.block_n, check=False))
+            plan = mla_decode.plan_splits(lens.cpu(), 64, mla_decode.kv_reads(heads, s_q, block_h), 264 if gpu else 4
+                                          ).to(env.device)     # once per step, as FlashMLA's metadata: not timed
+            call = (lambda bh=block_h, plan=plan: mla_decode.mla_decode(q, kv, table, lens, 512, scale, block_h=bh,
+                                                                        block_n=args.block_n, check=False, plan=plan))
             try:
                 out, lse = call()
             except Exception as exc:                       # e.g. a tile that does not fit this GPU's shared memory

@@ -205,7 +205,8 @@ def test_row_blocks_are_launched_first(monkeypatch):
 
 def test_decode_kernel_compiles_for_sm90():
     """The GPU launches, compiled ahead of time for an H100/H200 (no GPU needed): shared memory within the 227 KB a
-    block may use; 16 rows without register spills; 64 rows compile (they spill: GPU_LAUNCH says so)."""
+    block may use; 16 rows without register spills; 64 rows compile (they spill: GPU_LAUNCH says so); the combine
+    kernel without spills."""
     import subprocess
     import sys
     from pathlib import Path
@@ -216,6 +217,8 @@ def test_decode_kernel_compiles_for_sm90():
               "    rs = attention.registers_and_spills(c)\n"
               "    assert '.target sm_90' in c.asm['ptx'] and c.metadata.shared <= 227 * 1024, c.metadata.shared\n"
               "    assert bh == 64 or rs['spill_stores'] == 0, (bh, rs)\n"
+              "c = mla_decode.compile_for_gpu(90, kernel='combine')\n"
+              "assert attention.registers_and_spills(c)['spill_stores'] == 0\n"
               "print('ok')\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parent.parent, env=env,

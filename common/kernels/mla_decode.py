@@ -325,6 +325,7 @@ def _build_kernels() -> dict:
 # query held in registers, where FlashMLA splits the accumulator over two warpgroups). Not timed here: whether 64
 # rows' fewer reads outweigh the spills is what the benchmark's block_h sweep measures on a GPU.
 GPU_LAUNCH = {16: (32, 8), 32: (32, 8), 64: (16, 8)}
+COMBINE_ROWS = 16   # rows per combine program, whatever BLOCK_H: 16 x 512 FP32 fits its registers (64 rows spill)
 
 
 def default_launch(block_h: int, page: int, cuda: bool) -> tuple:
@@ -337,11 +338,12 @@ def default_launch(block_h: int, page: int, cuda: bool) -> tuple:
 
 
 def compile_for_gpu(arch: int = 90, block_h: int = 16, block_n: int | None = None, num_warps: int | None = None,
-                    num_stages: int = 2, head_dim_v: int = 512, rope: int = 64, page: int = 64, dtype: str = "bf16"):
-    """Compile the split kernel ahead of time for compute capability `arch` with no GPU present (Triton's NVIDIA
-    backend; TRITON_INTERPRET unset in this process); block_n and num_warps default to `default_launch`'s GPU
-    choice. Returns Triton's compiled kernel: `.metadata.shared` bytes, and
-    `common.kernels.attention.registers_and_spills` gives registers and spills."""
+                    num_stages: int = 2, head_dim_v: int = 512, rope: int = 64, page: int = 64, dtype: str = "bf16",
+                    kernel: str = "split"):
+    """Compile the split kernel (or, kernel="combine", the combine kernel at COMBINE_ROWS rows and 4 warps) ahead of
+    time for compute capability `arch` with no GPU present (Triton's NVIDIA backend; TRITON_INTERPRET unset in this
+    process); block_n and num_warps default to `default_launch`'s GPU choice. Returns Triton's compiled kernel:
+    `.metadata.shared` bytes, and `common.kernels.attention.registers_and_spills` gives registers and spills."""
     import os
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compile_for_gpu needs TRITON_INTERPRET unset: run it in a process without the interpreter")
@@ -350,6 +352,15 @@ def compile_for_gpu(arch: int = 90, block_h: int = 16, block_n: int | None = Non
     from triton.compiler import ASTSource
     launch = default_launch(block_h, page, cuda=True)
     ptr = f"*{dtype}"
+    if kernel == "combine":
+        signature = {"OP": "*fp32", "LP": "*fp32", "SPLITS": "*i32", "O": ptr, "L": "*fp32"}
+        signature.update({n: "i32" for n in ("stride_opb", "stride_opr", "stride_ops", "stride_lpb", "stride_lpr",
+                                             "stride_ob", "stride_or", "stride_lb", "R")})
+        signature.update({"D_V": "constexpr", "BLOCK_R": "constexpr"})
+        src = ASTSource(fn=_build_kernels()["combine"], signature=signature,
+                        constexprs={"D_V": head_dim_v, "BLOCK_R": COMBINE_ROWS},
+                        attrs={(i,): [["tt.divisibility", 16]] for i in range(5)})
+        return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4, "num_stages": 2})
     signature = {"Q": ptr, "KV": ptr, "BT": "*i32", "SEQ": "*i32", "ITEMS": "*i32", "OP": "*fp32", "LP": "*fp32",
                  "qk_scale": "fp32"}
     signature.update({n: "i32" for n in ("stride_qb", "stride_qr", "stride_kb", "stride_kt", "stride_btb", "stride_opb",
@@ -418,7 +429,8 @@ def mla_decode(q, kv_cache, block_table, seq_lens, head_dim_v: int = 512, scale:
         num_stages=num_stages)
     out = torch.empty(B, R, head_dim_v, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, R, device=q.device, dtype=torch.float32)
-    k["combine"][(row_blocks, B)](o_part, l_part, plan.splits, out, lse, o_part.stride(0), o_part.stride(1),
-                                  o_part.stride(2), l_part.stride(0), l_part.stride(1), out.stride(0), out.stride(1),
-                                  lse.stride(0), R, D_V=head_dim_v, BLOCK_R=block_h)
+    k["combine"][(-(-R // COMBINE_ROWS), B)](o_part, l_part, plan.splits, out, lse, o_part.stride(0),
+                                             o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
+                                             out.stride(0), out.stride(1), lse.stride(0), R, D_V=head_dim_v,
+                                             BLOCK_R=COMBINE_ROWS)
     return out.reshape(B, S_q, H, head_dim_v), lse.reshape(B, S_q, H)
