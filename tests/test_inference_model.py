@@ -155,12 +155,12 @@ def test_gap_budgets_multiply_to_the_whole_gap():
 def test_utilisation_is_an_input_of_the_cost_and_recovers_the_reported_day():
     d, p = im.predict(im.decode_inputs()), im.predict(im.prefill_inputs())
     ceiling = service.day(d.tokens_per_s_per_node, p.tokens_per_s_per_node)
-    assert ceiling["margin_kind"].startswith("ceiling") and ceiling["margin"] > 10
+    assert service.margin_kind(ceiling).startswith("ceiling") and ceiling["margin"] > 10
     u = (1 / d.vs_reported, 1 / p.vs_reported)
     at = service.day(d.tokens_per_s_per_node, p.tokens_per_s_per_node, utilisation=u)
     rep = service.reported_day()
     assert at["nodes"] == pytest.approx(rep["nodes"]) and at["margin"] == pytest.approx(rep["margin"])
-    assert "64% (decode) and 40% (prefill)" in at["margin_kind"]
+    assert "64% (decode) and 40% (prefill)" in service.margin_kind(at)
     half = service.day(14.8e3, 73.7e3, utilisation=0.5)
     assert half["cost_per_day"] == pytest.approx(2 * rep["cost_per_day"])
     with pytest.raises(ValueError, match=r"decode utilisation=1.5 is not allowed"):

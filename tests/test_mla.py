@@ -40,6 +40,9 @@ def test_yarn_mscale_of_deepseek_v3():
     """model.py: softmax_scale = qk_head_dim ** -0.5, x mscale^2 when max_seq_len (16,384) > original (4,096)."""
     v3 = models.load_model_config("deepseek_v3")
     assert v3["rope_scaling"]["factor"] == 40 and v3.inference["max_seq_len"] == 16384
+    assert hash(tuple(sorted(v3.values.items())))           # configs stay usable as cache keys (lab 13's step model)
+    with pytest.raises(TypeError, match=r"read-only"):
+        v3["rope_scaling"]["factor"] = 4
     d = mla.MLADims.from_config(v3)
     assert math.isclose(d.mscale, 0.1 * math.log(40) + 1) and round(d.mscale ** 2, 3) == 1.874
     assert math.isclose(d.softmax_scale, 1.8738542070926265 / math.sqrt(192)) and math.isclose(d.scale, 192 ** -0.5)
@@ -233,11 +236,13 @@ def test_decode_kernel_compiles_for_sm90():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_triton_decode_bf16_gpu():
-    q, kv, table, seq = paged_case((1, 700, 4096, 333), heads=16, d_lat=512, d_rope=64, page=64, dtype=torch.bfloat16,
-                                   device="cuda")
-    out, lse = mla_decode.mla_decode(q, kv, table, seq, 512, 192 ** -0.5)
-    ref, ref_l = mla_decode.paged_reference(q, kv, table, seq, 512, 192 ** -0.5)
-    assert float((out.double() - ref).abs().max()) < 2e-2 and float((lse.double() - ref_l).abs().max()) < 2e-2
+    """16 heads (one 16-row block), and V3's 128 heads x MTP's 2 tokens in 64-row blocks (the launch that spills)."""
+    for heads, s_q in ((16, 1), (128, 2)):
+        q, kv, table, seq = paged_case((2, 700, 4096, 333), heads=heads, s_q=s_q, d_lat=512, d_rope=64, page=64,
+                                       dtype=torch.bfloat16, device="cuda")
+        out, lse = mla_decode.mla_decode(q, kv, table, seq, 512, 192 ** -0.5)
+        ref, ref_l = mla_decode.paged_reference(q, kv, table, seq, 512, 192 ** -0.5)
+        assert float((out.double() - ref).abs().max()) < 2e-2 and float((lse.double() - ref_l).abs().max()) < 2e-2
 
 
 def test_head_blocks_same_output_and_their_cost_measured():

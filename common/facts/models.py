@@ -37,6 +37,19 @@ SCORING_FUNCS = ("sigmoid", "softmax")
 ATTENTION_KINDS = ("mla", "gqa")
 
 
+class FrozenDict(dict):
+    """A config's nested mapping (DeepSeek-V3's rope_scaling): read-only and hashable, so a config's values stay
+    usable as a cache key (`tuple(sorted(values.items()))`)."""
+
+    def __hash__(self):
+        return hash(tuple(sorted(self.items())))
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("a model config's nested mapping is read-only (use ModelConfig.replace)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A validated model config: the architecture keys (attribute or item access), its name, source and the
@@ -163,7 +176,8 @@ def load_model_config(name: str, models_dir: Path | str | None = None) -> ModelC
     if not isinstance(src, dict) or not all(isinstance(src.get(k), str) and src.get(k) for k in ("title", "url", "date")):
         raise ValueError(f"{where}: key 'source' needs 'title', 'url' and 'date' strings")
     validate_config(doc["config"], where)
-    return ModelConfig(key=name, name=doc["name"], values=dict(doc["config"]), source=src,
+    values = {k: FrozenDict(v) if isinstance(v, dict) else v for k, v in doc["config"].items()}
+    return ModelConfig(key=name, name=doc["name"], values=values, source=src,
                        published=doc.get("published", {}), path=where, inference=doc.get("inference", {}))
 
 

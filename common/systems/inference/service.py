@@ -46,8 +46,8 @@ def day(decode_per_node: float, prefill_per_node: float, usd_per_gpu_hour: float
     """The reported day's tokens served at the given throughputs per node: nodes, cost, revenue, margin, and the
     cost per million output tokens (decode nodes only, and all-in: the whole bill over the output tokens).
     `utilisation`: the share of the day a node works at its throughput, one number or (decode, prefill); the nodes
-    are divided by it. At 1 (every node busy all day) the cost is the least and the margin a ceiling: `margin_kind`
-    says which."""
+    are divided by it. At 1 (every node busy all day) the cost is the least and the margin a ceiling (`margin_kind`
+    says which); every value is a number, so a table of days stays numeric."""
     f = im.fact
     usd = f("usd_per_gpu_hour") if usd_per_gpu_hour is None else usd_per_gpu_hour
     hit = f("cache_hit_rate") if hit_rate is None else hit_rate
@@ -61,12 +61,17 @@ def day(decode_per_node: float, prefill_per_node: float, usd_per_gpu_hour: float
     nodes_prefill = inp / im.SECONDS_PER_DAY / prefill_per_node / u_pre
     cost = (nodes_decode + nodes_prefill) * gpn * 24 * usd
     revenue = revenue_per_day(inp, hit, out)
-    kind = "ceiling: every node busy all day (100% utilisation)" if u_dec == u_pre == 1 else \
-        f"at {u_dec:.0%} (decode) and {u_pre:.0%} (prefill) utilisation"
     return {"nodes_decode": nodes_decode, "nodes_prefill": nodes_prefill, "nodes": nodes_decode + nodes_prefill,
-            "cost_per_day": cost, "revenue_per_day": revenue, "margin": revenue / cost - 1, "margin_kind": kind,
+            "cost_per_day": cost, "revenue_per_day": revenue, "margin": revenue / cost - 1,
             "usd_per_m_output_decode": cost_per_m_tokens(decode_per_node * u_dec, usd, gpn),
-            "usd_per_m_output_all_in": cost / out * 1e6}
+            "usd_per_m_output_all_in": cost / out * 1e6, "utilisation_decode": u_dec, "utilisation_prefill": u_pre}
+
+
+def margin_kind(d: dict) -> str:
+    """What a `day` result's margin is: a ceiling when every node is busy all day, else the utilisation it assumes."""
+    u_dec, u_pre = d["utilisation_decode"], d["utilisation_prefill"]
+    return "ceiling: every node busy all day (100% utilisation)" if u_dec == u_pre == 1 else \
+        f"at {u_dec:.0%} (decode) and {u_pre:.0%} (prefill) utilisation"
 
 
 def reported_day() -> dict:
