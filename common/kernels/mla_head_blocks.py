@@ -50,7 +50,9 @@ def head_block_cost(block_hs=(1, 4, 16, 64), rows: int = 64, tokens: int = 8192,
     intensity_per_pass, engine}], the same work at every size (V3's widths: Dk 576, Dv 512).
 
     CPU: `head_blocked_attention` in float32 over one cache of `tokens` tokens, the block sizes timed round-robin
-    `repeats` times (`measurement.interleaved_samples`), so the machine's drifts hit them alike. CUDA: the Triton
+    `repeats` times (`measurement.interleaved_samples`), so the machine's drifts hit them alike; the bytes count one
+    read of the cache per pass, as the fused kernel reads it (a PyTorch pass reads it twice, scores then values, the
+    second time often from the CPU's cache). CUDA: the Triton
     kernel (`mla_decode.mla_decode`, BF16) over 64 sequences of `tokens`, `rows` = 128 heads x 1 token by default
     sizes; block sizes under 16 (Triton's smallest dot) are left out."""
     whole("rows", rows), whole("tokens", tokens), whole("repeats", repeats, minimum=2)
