@@ -15,8 +15,8 @@ The kernel, FlashMLA's way where Triton allows it:
 - one program per (block of BLOCK_H query rows, work item). The rows are the H heads x S_q new tokens; BLOCK_H is 64
   where the rows allow (FlashMLA's 64-row blocks: V3's 128 heads are 2 row-blocks, 4 with MTP), so the cache is
   read ceil(rows / BLOCK_H) times per step (`kv_reads`), and the row-block is grid axis 0: the programs that read
-  the same pages are launched next to each other, so the second read finds them in L2 (FlashMLA's grid puts its
-  m-blocks first too);
+  the same pages are launched next to each other, so a second read can find them still in L2 (FlashMLA's grid puts
+  its m-blocks first too; whether it does is for the benchmark to show);
 - a work item is a run of one sequence's pages (`plan_splits`): the pages of the whole batch are cut into runs of
   about equal length, so a long sequence gets more splits and a short one fewer (FlashMLA balances the same way,
   per SM part, and also lets one part run across sequences; here a run stays inside one sequence);
@@ -330,7 +330,8 @@ COMBINE_ROWS = 16   # rows per combine program, whatever BLOCK_H: 16 x 512 FP32 
 
 def default_launch(block_h: int, page: int, cuda: bool) -> tuple:
     """(block_n, num_warps): on a GPU, GPU_LAUNCH's (block_n at most the page); under the interpreter, tiles of 32
-    tokens (at most the page; the interpreter ran them faster than 16 or 64) and 4 warps (which it ignores)."""
+    tokens (at most the page; on the workbook's 2-core CPU VM the interpreter ran them faster than 16 or 64) and 4
+    warps (which it ignores)."""
     if not cuda:
         return min(32, page), 4
     block_n, warps = GPU_LAUNCH.get(block_h, (32, 4))
