@@ -252,6 +252,9 @@ IN_LAB_TESTS = {
     "14.3": ("14", ["test_gather_wrong"]),
     "14.4": ("14", ["test_intensity_wrong"]),
     "14.5": ("14", ["test_cost_wrong"]),
+    "14.6": ("14", ["test_schedule_step_wrong_policies_named", "test_schedule_step_other_wrong_answers"]),
+    "14.7": ("14", ["test_paged_decode_mistakes_named", "test_paged_decode_other_wrong_answers"]),
+    "14.8": ("14", ["test_prefix_cache_wrong_policies_named", "test_prefix_cache_other_wrong_answers"]),
 }
 OTHERS: set = set()  # exercises whose cases another change owns
 
