@@ -138,7 +138,8 @@ def check_attention_cost(attention_cost, cases):
     for bsz, h, s, d_, d in inputs:
         text = f"attention_cost({bsz}, {h}, {s}, {d_}, {d!r})"
         _check_cost(text, _learner(attention_cost, text, bsz, h, s, d_, d, reference="attention_cost"),
-                    rl.attention_cost(bsz, h, s, d_, d), dtype=d, mistakes=_cost_mistakes("attention", (bsz, h, s, d_), d))
+                    rl.attention_cost(bsz, h, s, d_, d), dtype=d,
+                    mistakes=_cost_mistakes("attention", (bsz, h, s, d_), d))
     return "4*s*s*d + 5*s*s FLOPs and (4*s*d + 4*s*s) elements per head: the s*s terms make it memory-bound"
 
 
