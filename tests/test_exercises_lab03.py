@@ -410,7 +410,7 @@ RMS_MISTAKES = {  # the planted mistake -> the words its verdict must use
     "LayerNorm": (rms_launcher(LAYERNORM), "that is LayerNorm"),
     "sum, not mean": (rms_launcher(SUM), "not their mean"),
     "multiplied by the norm": (rms_launcher(TIMES), "multiplied by sqrt"),
-    "wrong row stride": (rms_launcher(strides=False), "row stride"),
+    "wrong row stride": (rms_launcher(strides=False), "right on contiguous rows, wrong on strided ones"),
     "one program per element": (rms_launcher(grid=lambda x: (x.numel(),)), "one program per row"),
 }
 

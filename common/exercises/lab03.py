@@ -311,6 +311,10 @@ def check_add_rmsnorm(add_rmsnorm, cases):
         fill = torch.tensor(SENTINEL, dtype=dtype, device=device)
         for buf, inside, what in ((out_buf, out_in, "out"), (res_buf, res_in, "residual")):
             stray = ((buf != fill) & ~inside).nonzero().flatten()
+            if stray.numel() and strided and right["contiguous"]:  # masks were right on contiguous rows
+                fail(f"{where}: the kernel wrote {stray.numel()} element(s) of {what} between the rows: right on "
+                     f"contiguous rows, wrong on strided ones -- step between rows with each tensor's own row stride "
+                     f"(x.stride(0), residual.stride(0), out.stride(0)), not with n_cols")
             if stray.numel():
                 fail(f"{where}: the kernel wrote {stray.numel()} element(s) of {what} outside its rows (past a row's "
                      f"last column or past the tensor): mask every store with `cols < n_cols`")
