@@ -73,6 +73,8 @@ _made: list[Claim] = []
 
 def readable(x: Any, digits: int = 3) -> str:
     """A number for reading: 3 significant digits, thousands separated, no exponent between 1e-3 and 1e15."""
+    if hasattr(x, "item") and getattr(x, "ndim", None) == 0:  # a NumPy or torch scalar
+        x = x.item()
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return str(x)
     if isinstance(x, float) and not math.isfinite(x):
