@@ -21,8 +21,6 @@ PENDING = {  # lab: the issue that rebuilds it (one line each, so each issue rem
     "09": 42,
     "10": 42,
     "11": 42,
-    "12": 43,
-    "13": 43,
     "14": 44,
 }
 NAMES = notebooks.notebook_names()

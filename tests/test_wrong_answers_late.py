@@ -1,5 +1,6 @@
 """Labs 06-08 and 11-13: each checker's three most likely wrong answers, and the words that name each one (see
 test_wrong_answers.py). 13.1 is another change's; 7.3's, 7.5's and 6.3's named mistakes live in their lab test files."""
+import functools
 import math
 
 import pytest
@@ -11,6 +12,30 @@ from common.moe import moe
 from test_wrong_answers import run_named
 
 _gate = own_copy(moe.deepseek_v3_gate)  # a learner's gate: the same logic in their own code, to perturb
+
+
+def _guard(*args, **kwargs):
+    from test_exercises_lab12 import guard
+    return guard(*args, **kwargs)
+
+
+def _mask_loop(*args):
+    from test_exercises_lab12 import _mask_loop as loop
+    return loop(*args)
+
+
+def _sorted(x, weights, indices, w_gate, w_up, w_down, act, split=True):
+    plan = moe.dispatch_plan(indices, w_gate.shape[0])
+    ws = (w_gate.unbind(0), w_up.unbind(0), w_down.unbind(0)) if split else (w_gate, w_up, w_down)
+    outs = [act(r @ ws[0][e], r @ ws[1][e]) @ ws[2][e]
+            for e, r in enumerate(moe.dispatch(x, plan).split(plan.counts.tolist()))]
+    return moe.combine(torch.cat(outs), plan, weights, indices.shape[0])
+
+
+def _layer(cfg, tokens, kit, **mistake):
+    from common.exercises import layer_model
+    return layer_model.reference(cfg, tokens, kit, **mistake)
+
 EXPERT = lambda h, f: 3 * h * f  # noqa: E731
 
 
@@ -146,7 +171,24 @@ WRONG = {
                                if e["ts"] + e["dur"] > w[0] and e["ts"] < w[1]) / (w[1] - w[0]),
          "counted twice"),
     ],
+    # ------------------------------------------------------------------------------------------- lab 12 (12.4, 12.5)
+    lab12.check_keep_or_revert: [
+        (functools.partial(_guard, synced=False), "still queued"),
+        (functools.partial(_guard, order="fixed"), "order at random"),
+        (functools.partial(_guard, rule="median"), "kept on the median"),
+    ],
+    lab12.check_moe_sorted_forward: [
+        (_mask_loop, "boolean masks"),
+        (functools.partial(_sorted, split=False), "unbind"),
+        (lambda x, w, i, *ws: _sorted(x, torch.ones_like(w), i, *ws), "gate weight"),
+    ],
     # ------------------------------------------------------------------------------------------- lab 13
+    lab13.check_layer_seconds: [
+        (functools.partial(_layer, sparse_peak=True), "SPARSE peak"),
+        (functools.partial(_layer, fp8_for_bf16=True), "at DeepGEMM's FP8 rate"),
+        (lambda cfg, tokens, kit: dict.fromkeys(("forward", "backward"), _layer(cfg, tokens, kit)["forward"]),
+         "backward = forward"),
+    ],
     lab13.check_exposed_all_to_all: [
         (lambda F, B, cf, cb, ov: (cf + cb - F - B) if ov else cf + cb, "negative"),
         (lambda F, B, cf, cb, ov: cf + cb, "no overlap counted"),
