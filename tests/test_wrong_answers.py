@@ -180,7 +180,22 @@ WRONG = {
         (lambda f, n, g, d, mfu: f / (n * scaling.peak_tflops(g, d) * 1e12 * mfu) / 3600, "that is hours"),
         (lambda f, n, g, d, mfu: f / (scaling.peak_tflops(g, d) * 1e12 * mfu) / 86400, "divide by the GPU count"),
     ],
+    lab10.check_cost_model: [  # the build exercise: its other named mistakes are in test_exercises_lab10.py
+        (lambda m, r: _cost(m, r, flops_per_token=6 * m["params"] + _attention(m, r)), "TOTAL parameters"),
+        (lambda m, r: _cost(m, r, gpu_hours=_cost(m, r)["gpu_hours"] / 2), "sparse \\(2:4\\)"),
+        (lambda m, r: _cost(m, r, optimizer_gb=_cost(m, r)["optimizer_gb"] * 8 / 12), "THREE FP32 values"),
+    ],
 }
+
+
+def _attention(m, r):
+    return 3 * m["layers"] * m["heads"] * (m["qk_head_dim"] + m["v_head_dim"]) * r["seq_len"]
+
+
+def _cost(m, r, **wrong):
+    """A learner's cost model (lab 10's solution) with some of its figures replaced by `wrong`."""
+    from test_exercises_lab10 import right_cost
+    return {**right_cost(m, r), **wrong}
 
 
 def _memory(dn, ex, tp, pp, dp, ep, gib=False, zero1=True, split_experts=True):

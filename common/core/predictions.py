@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.core.claims import readable
 from common.core.env import current
 
 NO_GUESS = Ellipsis
@@ -37,6 +38,9 @@ class Prediction:
     def guessed(self) -> bool:
         return self.guess is not NO_GUESS and self.guess is not None
 
+    def _ipython_display_(self) -> None:
+        """Already printed by `predict` / `reveal`: show nothing more when it is a cell's last expression."""
+
     def verdict(self) -> str:
         """How far the guess was from the measurement, in words ("" before either is known)."""
         if not (self.guessed and self.revealed):
@@ -55,6 +59,12 @@ class Prediction:
 
 
 _predictions: dict[tuple[str, str], Prediction] = {}
+
+
+def _number(x: float) -> str:
+    """3 significant digits; a number past 1e15 as claims.readable writes it (1.74e28, no 'e+')."""
+    shown = f"{x:.3g}"
+    return readable(x) if "e+" in shown else shown
 
 
 def _number_or_choice(value, choices: tuple, what: str):
@@ -98,7 +108,7 @@ def reveal(key: str, measured: Any) -> Prediction:
     if not entry.choices:
         measured = float(measured)
     entry.measured, entry.revealed = measured, True
-    shown = measured if entry.choices else f"{measured:.3g}{' ' + entry.unit if entry.unit else ''}"
+    shown = measured if entry.choices else f"{_number(measured)}{' ' + entry.unit if entry.unit else ''}"
     if entry.guessed:
         print(f"PREDICTION {key}: you guessed {entry.guess}{' ' + entry.unit if entry.unit and not entry.choices else ''}"
               f", measured {shown} -- {entry.verdict()}")
@@ -122,7 +132,7 @@ def calibration(lab: str | None = None) -> None:
     header = ("prediction", "your guess", "measured", "how far")
     table = [header] + [
         (p.key, str(p.guess) + (f" {p.unit}" if p.unit and p.guessed and not p.choices else "") if p.guessed else "-",
-         ("-" if not p.revealed else (str(p.measured) if p.choices else f"{p.measured:.3g}"
+         ("-" if not p.revealed else (str(p.measured) if p.choices else _number(p.measured)
                                       + (f" {p.unit}" if p.unit else ""))),
          p.verdict() or ("not measured yet" if not p.revealed else "no guess")) for p in rows]
     widths = [max(len(r[i]) for r in table) for i in range(4)]
