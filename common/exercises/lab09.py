@@ -163,7 +163,7 @@ def _place_cases(rng) -> list[tuple[str, object, topology.Layout, int]]:
            ("a dense 400B model, TP16 x PP4 x DP32, on NVL72 racks", dense, L(tp=16, pp=4, dp=32), 72)]
     for _ in range(3):
         tp, ep = rng.choice([1, 2, 4]), rng.choice([1, 2, 4, 8])
-        out.append((f"a random layout [random case, seed {{seed}}]", v3,
+        out.append(("a random layout [random case, seed {seed}]", v3,
                     L(tp=tp, pp=rng.choice([1, 2, 3, 4]), dp=ep * rng.randint(1, 4), ep=ep),
                     rng.choice([4, 6, 8, 12, 16, 36, 72])))
     return out
@@ -248,9 +248,9 @@ def check_place(place, cases):
         if mine["total"] > ref["total"] * (1 + 1e-9) + 1e-3:
             worse = [k for k in placement.KINDS if mine[k] > ref[k] * (1 + 1e-9) + 1e-3]
             detail = _split_group(worse[0], ids, best, lay, domain) if worse else ""
+            kinds = ", ".join(f"{k.upper()} {mine[k] / 1e12:,.2f} vs {ref[k] / 1e12:,.2f}" for k in worse)
             fail(f"{call}: {mine['total'] / 1e12:,.2f} TB per step cross between domains, the best placement sends "
-                 f"{ref['total'] / 1e12:,.2f} TB ({', '.join(f'{k.upper()} {mine[k] / 1e12:,.2f} vs {ref[k] / 1e12:,.2f}' for k in worse)})"
-                 + (f"; {detail}" if detail else ""))
+                 f"{ref['total'] / 1e12:,.2f} TB ({kinds})" + (f"; {detail}" if detail else ""))
         saved.append((what, ref["total"], used))
     v3_racks = saved[0][2]
     return (f"right for {len(named)} layouts: no group that fits in a domain is split, as little as the best sends "

@@ -321,8 +321,9 @@ def _mistakes(model: dict, run: dict, ref: dict) -> dict:
                                                     "optimizer state (and stage 0 nothing)")],
         "optimizer_gb": [(_gb(model, run, 8, zero >= 1), "8 B per parameter: the optimizer keeps THREE FP32 values -- "
                                                          "the master copy and Adam's two moments (m and v)"),
-                         (_gb(model, run, 16, zero >= 1), "16 B counts the BF16 weights and gradients again; the "
-                                                          "optimizer state is the master copy and Adam's moments, 12 B"),
+                         (_gb(model, run, 16, zero >= 1), "16 B counts the BF16 weights and gradients again; "
+                                                          "the optimizer state is the master copy and Adam's "
+                                                          "moments, 12 B"),
                          (_gb(model, run, 12, zero < 1), "ZeRO-1 (and above) shards the optimizer state over each "
                                                          "parameter's data-parallel replicas" if zero else
                           "ZeRO stage 0 shards nothing"),
