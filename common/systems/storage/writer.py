@@ -129,7 +129,7 @@ def measure_checkpoints(scratch: Scratch, params: int, rounds: int = 5, step_ms:
                         checkpointer=AsyncCheckpointer, seed: int = 0) -> dict:
     """`rounds` rounds of: a blocking save (serialise, write durably), `n` training steps alone, and
     `checkpointer(save_checkpoint)`'s save overlapped with the same `n` steps then waited for; `n` covers about 1.5
-    times a first blocking save. Returns the rounds (seconds), the rates of serialising and of writing, the median
+    times a first blocking save (at most MAX_STEPS), on one torch thread. Returns the rounds (seconds), the rates of serialising and of writing, the median
     exposed and staging seconds, every asynchronous checkpoint's bit-for-bit verdict, and how much the steps alone
     varied between rounds (`steps_spread_s`, their interquartile range: an exposed time smaller than that cannot be
     told from noise). A first round warms the writer and the steps up and is not counted."""
@@ -140,8 +140,20 @@ def measure_checkpoints(scratch: Scratch, params: int, rounds: int = 5, step_ms:
     nbytes = state_bytes(state)
     scratch.reserve(2 * nbytes + MIB, "checkpoints")  # one file and its temporary at a time, plus torch's records
     path = scratch / "checkpoint.pt"
-    first = save_checkpoint(state, path)
-    n_steps = max(3, round(1.5 * (first["serialize_s"] + first["disk_s"]) / (step_ms / 1e3)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the steps' in-place updates are small: on a busy machine a parallel op's barrier would
+    try:                      # wait for a thread pushed off its core, and the steps would measure the other processes
+        first = save_checkpoint(state, path)
+        n_steps = min(MAX_STEPS, max(3, round(1.5 * (first["serialize_s"] + first["disk_s"]) / (step_ms / 1e3))))
+        return _rounds(state, path, nbytes, first, n_steps, rounds, step_ms, checkpointer)
+    finally:
+        torch.set_num_threads(threads)
+
+
+MAX_STEPS = 20  # steps per overlap: a slow disk makes the write outlast them, and the exposed time says so
+
+
+def _rounds(state, path, nbytes, first, n_steps, rounds, step_ms, checkpointer) -> dict:
     writer = checkpointer(save_checkpoint)
     rows, mismatches = [], []
     try:
