@@ -57,6 +57,7 @@ def test_numbers_are_formatted_for_reading():
     assert claims.readable(1.2e-7) == "1.20e-07"
     import numpy as np
     assert claims.readable(np.int64(4194304)) == "4,194,304" and claims.readable(np.float32(0.5)) == "0.500"
+    assert claims.readable(3.2856e24) == "3.29e24"  # FLOPs of a training run, without the e+ no output may show
 
 
 def test_every_published_figure_resolves_with_a_source():

@@ -171,7 +171,7 @@ def test_verdicts(graded):
         table = list(csv.DictReader(f))
     assert len(table) == len(graded["rows"]) and list(table[0]) == grading.report.FIELDS
     summary = (graded["out"] / "summary.md").read_text()
-    assert "| ada | ada/10_scaling_and_cost.ipynb | 10 | 1 of 5 | 1 | 0 | 3 |" in summary
+    assert "| ada | ada/10_scaling_and_cost.ipynb | 10 | 1 of 6 | 1 | 0 | 4 |" in summary
     assert "| 10.1 | training FLOPs with 6ND |" in summary and "x train_flops(" in summary  # class summary
     assert "ada/notes.ipynb: not named like a lab" in summary and "- zed" in summary and "- bob" not in summary
 

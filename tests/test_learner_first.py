@@ -18,9 +18,6 @@ PENDING = {  # lab: the issue that rebuilds it (one line each, so each issue rem
     "06": 40,
     "07": 41,
     "08": 41,
-    "09": 42,
-    "10": 42,
-    "11": 42,
     "14": 44,
 }
 NAMES = notebooks.notebook_names()

@@ -124,6 +124,13 @@ WRONG = {
         (lambda b, g, dom, nv, net: max(b * min(g, dom) / g / (nv * 1e9), b * (g - min(g, dom)) / g / (net * 1e9)),
          "keeps for itself"),
     ],
+    lab09.check_place: [  # the build exercise: its other named mistakes are in test_exercises_lab09.py
+        (lambda tp, ep, pp, dp, dom: _contiguous(tp, ep, pp, dp), "fit in one 72-GPU domain: start each TP x EP block"),
+        (lambda tp, ep, pp, dp, dom: _aligned(tp, ep, pp, dp, dom).reshape(tp, pp, dp).transpose(1, 2, 0),
+         "varies faster than t"),
+        (lambda tp, ep, pp, dp, dom: _aligned(tp, ep, pp, dp, dom).reshape(pp, ep, dp // ep, tp).transpose(0, 2, 1, 3)
+         .reshape(pp, dp, tp), "an EP group is ep consecutive DP ranks"),
+    ],
     # ------------------------------------------------------------------------------------------- lab 10
     lab10.check_train_flops: [
         (lambda n, d: 2 * n * d, "2ND, the forward pass only"),
@@ -153,7 +160,34 @@ WRONG = {
         (lambda f, n, g, d, mfu: f / (n * scaling.peak_tflops(g, d) * 1e12 * mfu) / 3600, "that is hours"),
         (lambda f, n, g, d, mfu: f / (scaling.peak_tflops(g, d) * 1e12 * mfu) / 86400, "divide by the GPU count"),
     ],
+    lab10.check_cost_model: [  # the build exercise: its other named mistakes are in test_exercises_lab10.py
+        (lambda m, r: _cost(m, r, flops_per_token=6 * m["params"] + _attention(m, r)), "TOTAL parameters"),
+        (lambda m, r: _cost(m, r, gpu_hours=_cost(m, r)["gpu_hours"] / 2), "sparse \\(2:4\\)"),
+        (lambda m, r: _cost(m, r, optimizer_gb=_cost(m, r)["optimizer_gb"] * 8 / 12), "THREE FP32 values"),
+    ],
 }
+
+
+def _contiguous(tp, ep, pp, dp):
+    """Ranks in Megatron's order on GPUs 0, 1, 2, ... (a learner's placement that ignores the domains)."""
+    import numpy as np
+    return np.arange(pp * dp * tp).reshape(pp, dp, tp)
+
+
+def _aligned(tp, ep, pp, dp, domain):
+    """The GPU ids a right placement uses, in rank order (lab 09's solution), to be put in a wrong order."""
+    from test_exercises_lab09 import _slots
+    return _slots(tp, ep, pp, dp, domain)
+
+
+def _attention(m, r):
+    return 3 * m["layers"] * m["heads"] * (m["qk_head_dim"] + m["v_head_dim"]) * r["seq_len"]
+
+
+def _cost(m, r, **wrong):
+    """A learner's cost model (lab 10's solution) with some of its figures replaced by `wrong`."""
+    from test_exercises_lab10 import right_cost
+    return {**right_cost(m, r), **wrong}
 
 
 def _memory(dn, ex, tp, pp, dp, ep, gib=False, zero1=True, split_experts=True):

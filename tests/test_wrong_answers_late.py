@@ -11,6 +11,16 @@ from common.exercises import lab06, lab07, lab08, lab11, lab12, lab13
 from common.moe import moe
 from test_wrong_answers import run_named
 
+def _durable(data, path, **wrong):
+    from test_exercises_lab11 import durable
+    return durable(data, path, **wrong)
+
+
+def _writer(name):
+    import test_exercises_lab11
+    return getattr(test_exercises_lab11, name)
+
+
 _gate = own_copy(moe.deepseek_v3_gate)  # a learner's gate: the same logic in their own code, to perturb
 
 
@@ -157,6 +167,16 @@ WRONG = {
         (lambda d, n, mode: min(n, 7) * d if mode == "mig" else _share(d, n, mode), "hard slice of 1/7"),
         (lambda d, n, mode: n * min(d, 1 / 7) if mode == "mig" else _share(d, n, mode), "at most 7 MIG instances"),
         (lambda d, n, mode: min(n, 7) / 7 if mode == "mig" else _share(d, n, mode), "not the whole slice"),
+    ],
+    lab11.check_write_durably: [
+        (lambda d, p: _durable(d, p, fsync=False), "never fsynced"),
+        (lambda d, p: _durable(d, p, flush=False), "f.flush\\(\\) before os.fsync"),
+        (lambda d, p: _durable(d, p, rename=False), "written in place"),
+    ],
+    lab11.check_async_checkpointer: [  # the build exercise: its other named mistakes are in test_exercises_lab11.py
+        (_writer("NotStaged"), "holds values changed after save\\(\\) returned"),
+        (_writer("ThreadPerSave"), "two writes ran at the same time"),
+        (_writer("Swallowed"), "wait\\(\\) returned as if it had been saved"),
     ],
     lab11.check_checkpoint_seconds: [
         (lambda size, r, nic, store: max(size / r / nic, size / store), "gigaBITS per second"),

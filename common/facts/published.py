@@ -160,6 +160,12 @@ _FIGURES: dict[str, Callable[[], Published]] = {
     "fa2.a100_training_tflops": lambda: Published(
         _fact("fa2.a100_training_tflops"), "TFLOP/s", "A100", "end-to-end GPT-style training with FlashAttention-2 "
         "(72% model FLOPs utilization)", _source("fa2.a100_training_tflops")),
+    "pytorch.async_checkpoint_exposed": lambda: Published(
+        100 * _fact("pytorch.async_checkpoint_async_s") / _fact("pytorch.async_checkpoint_blocking_s"),
+        "% of the blocking save", "GPU training (IBM Research)", f"a 7B model's down time per checkpoint, DCP async_save "
+        f"against a blocking save: {_fact('pytorch.async_checkpoint_blocking_s')} s -> "
+        f"{_fact('pytorch.async_checkpoint_async_s')} s (what remains is the staging copy)",
+        _source("pytorch.async_checkpoint_async_s")),
     "cuda.event_resolution": lambda: Published(
         _fact("cuda.event_resolution_us"), "us", "any CUDA GPU", "the resolution of a CUDA event pair's elapsed time",
         _source("cuda.event_resolution_us")),
