@@ -113,7 +113,7 @@ def graded(tmp_path_factory):
            "import time\ndef slow(*a):\n    while True:\n        time.sleep(0.05)\ncheck_implied_mfu(slow)")
     _write(root / "ace" / LAB, HEAD, "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n"
            "    time.sleep(0.05)", "check_training_days(lambda *a: 1.0)")
-    _write(root / "amy" / LAB, HEAD, RIGHT, "from common.systems import scaling\ncheck_training_days(lambda f, g, gpu, "
+    _write(root / "amy" / LAB, HEAD, RIGHT, "from common.systems.cluster import scaling\ncheck_training_days(lambda f, g, gpu, "
            "dt, mfu: f / (g * scaling.peak_tflops(gpu, dt) * 1e12 * mfu) / 86400)")
     (root / "kim").mkdir()
     (root / "kim" / LAB).write_text("{ not json")
