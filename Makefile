@@ -68,7 +68,7 @@ grade: $(VENV)/.installed
 # per line) logs in with a password the hub makes (build/hub/passwords.csv) and works in their own copy of the labs,
 # in a sandbox, with cores / learners threads and their share of memory and GPUs. As root: a Unix user per learner.
 #   make hub ROSTER=learners.txt [IP=0.0.0.0] [PORT=8000] [IDLE_MINUTES=60] [THREADS=0] [MEMORY_MB=0] [GPUS=auto]
-#            [GPU_SHARING=1] [SSL_CERT=... SSL_KEY=...]
+#            [GPU_SHARING=1] [PROFILE=quick] [SSL_CERT=... SSL_KEY=...]
 #   make collect LAB=00 [GRADE_JOBS=2]  -- every learner's lab 00 into build/hub/collected/00/<learner>/, then graded
 IP ?= 127.0.0.1
 PORT ?= 8000
@@ -87,6 +87,7 @@ hub: $(VENV)/.installed
 	bash scripts/hub_setup.sh $(PY)
 	$(PY) -m common hub start --roster "$(ROSTER)" --ip $(IP) --port $(PORT) --hub-port $(HUB_PORT) \
 		--idle-minutes $(IDLE_MINUTES) --threads $(THREADS) --memory-mb $(MEMORY_MB) --gpus "$(GPUS)" \
+		--profile "$(PROFILE)" \
 		$(if $(GPU_SHARING),--gpu-sharing) $(if $(SSL_CERT),--ssl-cert "$(SSL_CERT)" --ssl-key "$(SSL_KEY)")
 
 collect: $(VENV)/.installed

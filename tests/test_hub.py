@@ -190,6 +190,8 @@ def test_settings_are_checked_and_saved(tmp_path, monkeypatch):
     assert again == s
     with pytest.raises(ValueError, match="MEMORY_MB=100 must be an integer >= 256"):
         _settings(tmp_path, memory_mb=100)
+    with pytest.raises(ValueError, match="PROFILE='fast'; allowed: auto, quick, full"):
+        _settings(tmp_path, profile="fast")
     with pytest.raises(ValueError, match="IDLE_MINUTES=-1"):
         _settings(tmp_path, idle_minutes=-1)
     with pytest.raises(ValueError, match="3 learners for 2 MIG instances"):
@@ -243,7 +245,9 @@ def test_the_server_environment_carries_the_learner_share():
     env = server.environment(who, server.Share(3, 2048, dev), "2048 MB, memory cgroup")
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "3"
     assert env["CUDA_VISIBLE_DEVICES"] == dev.visible and env["HOME"] == "/home/ada"
-    assert "CUDA_VISIBLE_DEVICES" not in server.environment(who, server.Share(3, 2048), "")
+    plain = server.environment(who, server.Share(3, 2048), "")
+    assert "CUDA_VISIBLE_DEVICES" not in plain and "WORKBOOK_PROFILE" not in plain
+    assert server.environment(who, server.Share(3, 2048, None, "quick"), "")["WORKBOOK_PROFILE"] == "quick"
 
 
 def test_a_server_gets_the_node_of_its_gpu_only(monkeypatch):
@@ -345,3 +349,20 @@ def test_the_jupyterhub_config_sets_up_the_class(tmp_path, monkeypatch):
     culler = c.JupyterHub.services[0]["command"]
     assert "jupyterhub_idle_culler" in culler and "--timeout=1200" in culler
     assert c.Spawner.notebook_dir == str(REPO_ROOT)
+
+
+def test_instructor_section_4_names_only_options_make_hub_has():
+    """INSTRUCTOR.md section 4 is the tested procedure: every VAR= it tells the instructor to set is one the Makefile's
+    hub target passes on, and the commands it gives exist."""
+    import re
+    guide = (REPO_ROOT / "INSTRUCTOR.md").read_text()
+    section = guide.split("## 4. Running the labs on a shared GPU box")[1].split("**Without the hub**")[0]
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    recipe = makefile.split("\nhub: ")[1].split("\n\n")[0]
+    told = set(re.findall(r"\b([A-Z][A-Z_]+)=", section)) - {"LAB", "GRADE_JOBS", "CELL_TIMEOUT", "NOTEBOOK_TIMEOUT"}
+    assert {"ROSTER", "IP", "THREADS", "MEMORY_MB", "GPUS", "PROFILE", "IDLE_MINUTES"} <= told
+    assert all(f"$({v})" in recipe for v in told), sorted(v for v in told if f"$({v})" not in recipe)
+    for command in ("make hub ROSTER=learners.txt", "make collect LAB=", "python -m common hub remove-accounts",
+                    "--check-only"):
+        assert command in section, command
+    assert "\ncollect: " in makefile and "hub collect --lab" in makefile

@@ -27,6 +27,7 @@ def add_parser(sub) -> None:
     s.add_argument("--memory-mb", type=int, default=0, help="memory per learner (0: (total - 2 GB) / learners)")
     s.add_argument("--gpus", default="auto", help="auto (nvidia-smi -L: MIG instances, else GPUs), none, or a list")
     s.add_argument("--gpu-sharing", action="store_true", help="allow more learners than MIG instances")
+    s.add_argument("--profile", default="auto", help="what the labs' PROFILE = 'auto' resolves to (auto, quick, full)")
     s.add_argument("--state", default=str(settings.DEFAULT_STATE), help="the hub's own files")
     s.add_argument("--ssl-cert", default="")
     s.add_argument("--ssl-key", default="")
@@ -59,7 +60,8 @@ def run(a) -> int:
 def _start(a) -> int:
     s = settings.build(Path(a.roster), ip=a.ip, port=a.port, hub_port=a.hub_port, proxy_api_port=a.proxy_api_port,
                        idle_minutes=a.idle_minutes, threads=a.threads, memory_mb=a.memory_mb, gpus=a.gpus,
-                       gpu_sharing=a.gpu_sharing, state_dir=Path(a.state), ssl_cert=a.ssl_cert, ssl_key=a.ssl_key)
+                       gpu_sharing=a.gpu_sharing, state_dir=Path(a.state), ssl_cert=a.ssl_cert, ssl_key=a.ssl_key,
+                       profile=a.profile)
     import importlib.util
 
     from common.core.grading.sandbox import INSTALL_HINT, unavailable

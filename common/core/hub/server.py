@@ -35,6 +35,7 @@ class Share:
     threads: int
     memory_mb: int
     device: Device | None = None
+    profile: str = "auto"
 
 
 def home_inside(who: Learner) -> str:
@@ -102,6 +103,8 @@ def environment(who: Learner, share: Share, memory_note: str) -> dict[str, str]:
            **thread_environment(share.threads)}
     if share.device is not None:
         env["CUDA_VISIBLE_DEVICES"] = share.device.visible
+    if share.profile != "auto":
+        env["WORKBOOK_PROFILE"] = share.profile
     return env
 
 

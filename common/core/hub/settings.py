@@ -38,6 +38,7 @@ class Settings:
     proxy: str = ""
     ssl_cert: str = ""
     ssl_key: str = ""
+    profile: str = "auto"  # what the labs' PROFILE = "auto" resolves to for every learner (WORKBOOK_PROFILE)
 
     def device(self, name: str) -> share.Device | None:
         d = self.devices.get(name)
@@ -45,7 +46,7 @@ class Settings:
 
     def server_share(self, name: str):
         from common.core.hub.server import Share
-        return Share(self.threads, self.memory_mb, self.device(name))
+        return Share(self.threads, self.memory_mb, self.device(name), self.profile)
 
     def save(self, path: Path | None = None) -> Path:
         path = Path(path or Path(self.state_dir) / "settings.json")
@@ -124,7 +125,7 @@ def build(roster_file: Path, ip: str = "127.0.0.1", port: int = 8000, hub_port: 
           proxy_api_port: int | None = None, idle_minutes: float = 60, threads: int | None = None,
           memory_mb: int | None = None, gpus: str = "auto", gpu_sharing: bool = False,
           state_dir: Path = DEFAULT_STATE, smi_output: str | None = None, ssl_cert: str = "", ssl_key: str = "",
-          check_free: bool = True) -> Settings:
+          profile: str = "auto", check_free: bool = True) -> Settings:
     """Settings from the instructor's choices, every one checked (a ValueError names the first bad one)."""
     names = roster.read(roster_file)
     proxy_api_port = port + 1 if proxy_api_port is None else proxy_api_port
@@ -137,6 +138,10 @@ def build(roster_file: Path, ip: str = "127.0.0.1", port: int = 8000, hub_port: 
     memory = share.memory_per_learner(share.total_memory_mb(), len(names)) if memory_mb in (None, 0) else \
         validate.whole("MEMORY_MB", memory_mb, minimum=256, meaning="memory per learner, in MB")
     devices = share.assign(names, share.list_devices(gpus, smi_output), gpu_sharing)
+    from common.core.env import PROFILES
+    if profile not in PROFILES:
+        raise ValueError(f"PROFILE={profile!r}; allowed: {', '.join(PROFILES)} (what the labs' PROFILE = \"auto\" "
+                         f"resolves to for every learner; quick on a MIG slice keeps the sizes small)")
     if bool(ssl_cert) != bool(ssl_key):
         raise ValueError("SSL_CERT and SSL_KEY go together: give both files (or neither, for plain HTTP)")
     for name, f in (("SSL_CERT", ssl_cert), ("SSL_KEY", ssl_key)):
@@ -146,7 +151,7 @@ def build(roster_file: Path, ip: str = "127.0.0.1", port: int = 8000, hub_port: 
                     idle_timeout_s=int(idle * 60), threads=threads, memory_mb=memory,
                     devices={n: (asdict(d) if d else None) for n, d in devices.items()},
                     state_dir=str(Path(state_dir).resolve()), proxy=find_proxy(), ssl_cert=ssl_cert,
-                    ssl_key=ssl_key)
+                    ssl_key=ssl_key, profile=profile)
 
 
 def summary(s: Settings, memory_kind: str, passwords_file: Path) -> str:
@@ -157,7 +162,7 @@ def summary(s: Settings, memory_kind: str, passwords_file: Path) -> str:
     lines = [f"hub: {len(s.learners)} learners, log in at {scheme}://{host}:{s.port}/",
              f"     passwords: {passwords_file} (hand each learner theirs)",
              f"     each learner: {s.threads} CPU thread(s) (OMP/MKL/OpenBLAS), {s.memory_mb} MB ({memory_kind}), "
-             f"servers stopped after {s.idle_timeout_s // 60} idle minutes",
+             f"servers stopped after {s.idle_timeout_s // 60} idle minutes, labs' profile {s.profile}",
              "     GPU devices: " + "; ".join(gpus),
              "     " + ("as root: one Unix user per learner, homes 0700" if os.geteuid() == 0 else
                         "not root (a dry run): every learner's server runs as you, homes under " + str(
