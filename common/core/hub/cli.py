@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -85,6 +86,9 @@ def _start(a) -> int:
     env = dict(os.environ, WORKBOOK_HUB_SETTINGS=str(path))
     config = Path(__file__).resolve().parents[3] / "hub" / "jupyterhub_config.py"
     os.chdir(state)
+    # a hub started in the background of a script inherits SIGINT ignored, and so would every process it starts: the
+    # idle culler then outlived the hub's stop by 30 s (JupyterHub interrupts it first); the default again
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.execve(sys.executable, [sys.executable, "-m", "jupyterhub", "-f", str(config)], env)
     return 1  # not reached
 
