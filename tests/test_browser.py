@@ -40,13 +40,9 @@ def lab(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    from browser import chromium_path
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=os.environ.get("CHROMIUM") or chromium_path(),
-                              args=["--no-sandbox", "--disable-dev-shm-usage"])
+    from browser import chromium
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def _explore_calls(path: Path) -> int:
