@@ -1,0 +1,48 @@
+"""The audit of named wrong answers (tests/wrong_answers/labNN.py): each wrong answer's verdict names it; every
+checker whose solution has more than one line has at least ten named wrong answers; a right answer is never refused
+(each checker's own tests pass right answers)."""
+import importlib
+import pkgutil
+
+import nbformat
+import pytest
+
+import wrong_answers
+from common.core import checks, lessons, notebooks
+from test_wrong_answers import WRONG as EARLY
+from test_wrong_answers import run_named
+from test_wrong_answers_late import WRONG as LATE
+
+MIN_NAMED = 10
+MODULES = [importlib.import_module(f"wrong_answers.{m.name}") for m in pkgutil.iter_modules(wrong_answers.__path__)]
+AUDIT = {}
+for _module in MODULES:
+    for _check, _answers in _module.WRONG.items():
+        AUDIT.setdefault(_check, []).extend(_answers)
+CASES = [(check, i, wrong, words) for check, answers in AUDIT.items() for i, (wrong, words) in enumerate(answers)]
+
+
+@pytest.mark.parametrize("check, i, wrong, words", CASES, ids=[f"{c.exercise}-{i}" for c, i, _, _ in CASES])
+def test_wrong_answer_is_named(check, i, wrong, words):
+    run_named(check, wrong, words, seeds=(1,))
+
+
+def solution_lines() -> dict[str, int]:
+    """{exercise: lines of its solution} over every solution notebook."""
+    out = {}
+    for name in notebooks.notebook_names():
+        out.update(lessons.exercises(nbformat.read(str(notebooks.SOLUTIONS / name), as_version=4)))
+    return out
+
+
+def test_every_checker_names_ten_wrong_answers():
+    named = {}
+    for table in (EARLY, LATE, AUDIT):
+        for check, answers in table.items():
+            named.setdefault(check.exercise, set()).update(words for _, words in answers)
+    for lab in range(15):
+        importlib.import_module(f"common.exercises.lab{lab:02d}")
+    short = {ex: len(named.get(ex, ())) for ex, lines in solution_lines().items()
+             if lines > 1 and len(named.get(ex, ())) < MIN_NAMED and ex in checks._titles}
+    assert not short, (f"checkers with fewer than {MIN_NAMED} distinct named wrong answers in the audit "
+                       f"(tests/wrong_answers/labNN.py and the tables of test_wrong_answers*.py): {short}")
