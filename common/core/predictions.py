@@ -33,6 +33,9 @@ class Prediction:
     revealed: bool = False
     notes: list = field(default_factory=list)
 
+    def _ipython_display_(self) -> None:
+        """Already printed by predict / reveal: show nothing more when it is a cell's last expression."""
+
     @property
     def guessed(self) -> bool:
         return self.guess is not NO_GUESS and self.guess is not None
