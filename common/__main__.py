@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     gr.add_argument("--jobs", type=int, default=1, help="notebooks graded at once (each gets cores / jobs threads)")
     gr.add_argument("--roster", default=None, help="file of learner names (one per line): list who submitted nothing")
     gr.add_argument("--memory-mb", type=int, default=4096, help="memory per notebook's sandbox")
-    gr.add_argument("--max-processes", type=int, default=512, help="processes and threads per sandbox")
+    gr.add_argument("--max-processes", type=int, default=128, help="processes and threads per sandbox")
     gr.add_argument("--unsafe-no-sandbox", action="store_true",
                     help="grade without bubblewrap: the notebooks run as you, unisolated (only for trusted notebooks)")
     a = p.parse_args(argv)
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
             grading.grade(Path(a.dir), Path(a.out), a.cell_timeout, a.notebook_timeout, jobs=a.jobs,
                           roster=Path(a.roster) if a.roster else None, limits=limits,
                           unsafe_no_sandbox=a.unsafe_no_sandbox)
-        except ValueError as exc:
+        except (ValueError, grading.GraderError) as exc:
             print(f"grade: {exc}")
             return 2
         print(f"wrote {Path(a.out) / 'grades.csv'} and {Path(a.out) / 'summary.md'}")

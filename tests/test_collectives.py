@@ -37,11 +37,16 @@ def test_bus_factors_and_bandwidths():
         assert C.busbw(coll, 2**30, t, 16) == pytest.approx(50e9)
 
 
-def test_hierarchical_beats_flat_ring_across_nodes():
+def test_hierarchical_against_one_flat_ring_and_against_one_ring_per_nic():
     nv, ib = C.nvlink_bandwidth("H100-SXM"), C.ib_bandwidth("ib-ndr")
     h = C.hierarchical_allreduce_time(2**30, 4, 8, 3e-6, nv, 10e-6, ib)
-    f = C.flat_ring_allreduce_time(2**30, 4, 8, 3e-6, nv, 10e-6, ib)
-    assert h < f
+    one = C.flat_ring_allreduce_time(2**30, 4, 8, 3e-6, nv, 10e-6, ib)
+    eight = C.flat_ring_allreduce_time(2**30, 4, 8, 3e-6, nv, 10e-6, ib, rings=8)
+    assert h < one and eight < h  # one ring crosses one NIC; eight rings (NCCL's, one per NIC) use all eight
+    # 58.7 MB over 2 nodes of 8 H100s, alpha 0: 8 rings of 7.34 MB at min(450/8, 50) GB/s = 0.275 ms, not 2.2 ms
+    act = 4096 * 7168 * 2
+    assert C.flat_ring_allreduce_time(act, 2, 8, 0, nv, 0, ib, rings=8) == pytest.approx(2 * 15 / 16 * act / 8 / 50e9)
+    assert C.flat_ring_allreduce_time(act, 2, 8, 0, nv, 0, ib) == pytest.approx(2 * 15 / 16 * act / 50e9)
     # one node: hierarchical = ring on NVLink
     assert C.hierarchical_allreduce_time(2**20, 1, 8, 3e-6, nv, 10e-6, ib) == pytest.approx(
         C.ring_allreduce_time(2**20, 8, 3e-6, nv))

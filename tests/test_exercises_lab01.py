@@ -217,85 +217,6 @@ def test_time_fn_crash_names_the_call():
         check_time_fn(lambda fn, sync, w, r: None)
 
 
-def right_event_timer(fn, make_event, sync, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    sync()
-    pairs = []
-    for _ in range(repeats):
-        start, end = make_event(), make_event()
-        start.record()
-        fn()
-        end.record()
-        pairs.append((start, end))
-    sync()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
-
-
-def test_event_time_right():
-    from common.exercises.lab01 import check_event_time
-    assert check_event_time(right_event_timer).passed
-
-
-def test_event_time_wrong():
-    from common.exercises.lab01 import check_event_time
-
-    def no_sync(fn, make_event, sync, warmup, repeats):
-        for _ in range(warmup):
-            fn()
-        out = []
-        for _ in range(repeats):
-            s, e = make_event(), make_event()
-            s.record(); fn(); e.record()
-            out.append(s.elapsed_time(e))
-        return statistics.median(out) / 1e3
-
-    def in_ms(*args):
-        return 1e3 * right_event_timer(*args)
-
-    def one_pair(fn, make_event, sync, warmup, repeats):
-        for _ in range(warmup):
-            fn()
-        sync()
-        s, e = make_event(), make_event()
-        s.record()
-        for _ in range(repeats):
-            fn()
-        e.record()
-        sync()
-        return s.elapsed_time(e) / 1e3 / repeats
-
-    def stopwatch(fn, make_event, sync, warmup, repeats):
-        return right_timer(fn, sync, warmup, repeats)
-
-    def warmup_timed(fn, make_event, sync, warmup, repeats):
-        pairs = []
-        for _ in range(warmup + repeats):
-            s, e = make_event(), make_event()
-            s.record(); fn(); e.record()
-            pairs.append((s, e))
-        sync()
-        return statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
-
-    def minimum(fn, make_event, sync, warmup, repeats):
-        for _ in range(warmup):
-            fn()
-        sync()
-        pairs = []
-        for _ in range(repeats):
-            s, e = make_event(), make_event()
-            s.record(); fn(); e.record()
-            pairs.append((s, e))
-        sync()
-        return min(s.elapsed_time(e) for s, e in pairs) / 1e3
-
-    for wrong, match in ((no_sync, "before the events had completed"), (in_ms, "that is milliseconds"),
-                         (one_pair, "around EACH call"), (stopwatch, "no event was recorded"),
-                         (warmup_timed, "warm-up calls were timed together"), (minimum, "the minimum")):
-        with pytest.raises(CheckFailed, match=match):
-            check_event_time(wrong)
-
-
 def test_is_regression_edge_cases_and_sample_counts():
     """Class 4: zero spread; class 2: a rule tuned to 15 samples fails at 7; failures print the seed."""
     def zero_spread_crash(base, cand):
@@ -314,14 +235,6 @@ def test_is_regression_edge_cases_and_sample_counts():
         check_is_regression(lambda b, c: "yes")
 
 
-def test_event_time_stub():
-    from common.exercises.lab01 import check_event_time
-
-    def stub(fn, make_event, sync, warmup, repeats):
-        raise NotImplementedError("Exercise 1.3")
-    assert check_event_time(stub).status == "not attempted"
-
-
 def test_is_regression_reference_itself_is_caught():
     with pytest.raises(CheckFailed, match="you passed common.core.measurement.is_regression itself"):
         check_is_regression(reference_rule)
@@ -333,3 +246,131 @@ def inline_rule(baseline_times, candidate_times):
     shift = cand / base - 1.0
     spread = 1.4826 * np.median(np.abs(np.asarray(baseline_times) - base)) / base
     return bool(shift > 0.10 and shift > 3.0 * spread * (2.0 / len(baseline_times)) ** 0.5)
+
+
+# --- 1.3: your own do_bench (on a simulated queue with a cache) ----------------------------------------------------
+def bench_with(warm=True, flush_at="before", fresh=True, sync_before_read=True, stat="median", spread="iqr",
+               per_ms=1e3, fixed=None, per_call=True, swapped=False):
+    """The right do_bench (warm-up; estimate one call; flush, start, call, end for each repeat; one sync; median and
+    IQR in seconds), or it with one mistake."""
+    import math
+
+    import numpy as np
+
+    def do_bench(fn, flush, make_event, sync, warmup, min_time):
+        if warm:
+            for _ in range(warmup):
+                fn()
+            sync()
+        start, end = make_event(), make_event()
+        start.record()
+        fn()
+        end.record()
+        sync()
+        repeats = fixed or max(5, math.ceil(min_time / (start.elapsed_time(end) / 1e3)))
+        if not per_call:
+            start, end = make_event(), make_event()
+            start.record()
+            for _ in range(repeats):
+                flush()
+                fn()
+            end.record()
+            sync()
+            return start.elapsed_time(end) / per_ms / repeats, 0.0
+        pairs, shared = [], (make_event(), make_event())
+        for _ in range(repeats):
+            if flush_at == "before":
+                flush()
+            start, end = (make_event(), make_event()) if fresh else shared
+            start.record()
+            if flush_at == "inside":
+                flush()
+            fn()
+            end.record()
+            pairs.append((start, end))
+        if sync_before_read:
+            sync()
+        times = [s.elapsed_time(e) / per_ms for s, e in pairs]
+        middle = {"median": statistics.median, "mean": statistics.fmean, "min": min}[stat](times)
+        q1, q3 = np.percentile(times, [25, 75])
+        width = {"iqr": q3 - q1, "std": statistics.stdev(times), "range": max(times) - min(times)}[spread]
+        return (width, middle) if swapped else (middle, width)
+    return do_bench
+
+
+def test_do_bench_right():
+    from common.exercises.lab01 import check_do_bench
+    for seed in range(4):
+        assert check_do_bench(bench_with(), seed=seed).passed
+
+
+def test_do_bench_right_written_otherwise():
+    """Repeats until the timed calls add up to min_time, a sync per call, statistics.quantiles: also right."""
+    from common.exercises.lab01 import check_do_bench
+
+    def until_min_time(fn, flush, make_event, sync, warmup, min_time):
+        for _ in range(warmup):
+            fn()
+        sync()
+        times, total = [], 0.0
+        while total < min_time or len(times) < 5:
+            flush()
+            start, end = make_event(), make_event()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3)
+            total += times[-1]
+        q = statistics.quantiles(times, n=4)
+        return statistics.median(times), q[2] - q[0]
+    for seed in range(3):
+        assert check_do_bench(until_min_time, seed=seed).passed
+
+
+def _stopwatch_bench(fn, flush, make_event, sync, warmup, min_time):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(50):
+        flush()
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), 0.0
+
+
+BENCH_MISTAKES = [  # (name, do_bench, the words that must name it)
+    ("one event pair reused", bench_with(fresh=False), "recorded again and again"),
+    ("elapsed_time before synchronising", bench_with(sync_before_read=False), "before the events had completed"),
+    ("flush inside the events", bench_with(flush_at="inside"), "flush sits between the start and end"),
+    ("no flush", bench_with(flush_at=None), "flush\(\) was never called"),
+    ("no warm-up", bench_with(warm=False), "call fn `warmup` times"),
+    ("mean instead of median", bench_with(stat="mean"), "that is the mean"),
+    ("minimum instead of median", bench_with(stat="min"), "that is the minimum"),
+    ("milliseconds as seconds", bench_with(per_ms=1), "that is milliseconds"),
+    ("standard deviation as IQR", bench_with(spread="std"), "standard deviation"),
+    ("range as IQR", bench_with(spread="range"), "the range"),
+    ("fixed repeats", bench_with(fixed=10), "add up to min_time|min_time="),
+    ("one pair around all calls", bench_with(per_call=False), "around EACH call"),
+    ("(iqr, median)", bench_with(swapped=True), "IQR first"),
+    ("a host stopwatch", _stopwatch_bench, "no event was made"),
+]
+
+
+@pytest.mark.parametrize("name, do_bench, words", BENCH_MISTAKES, ids=[m[0] for m in BENCH_MISTAKES])
+def test_do_bench_mistakes_named(name, do_bench, words):
+    from common.exercises.lab01 import check_do_bench
+    for seed in (1, 2, 3):
+        with pytest.raises(CheckFailed, match=words):
+            check_do_bench(do_bench, seed=seed)
+
+
+def test_do_bench_stub():
+    from common.exercises.lab01 import check_do_bench
+
+    def stub(fn, flush, make_event, sync, warmup, min_time):
+        raise NotImplementedError("Exercise 1.3")
+    assert check_do_bench(stub).status == "not attempted"

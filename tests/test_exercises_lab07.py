@@ -3,6 +3,8 @@ import math
 import numpy as np
 import pytest
 
+import ring_answers as RA
+
 from common.core.checks import CheckFailed
 from common.exercises import lab07
 from common.parallel import collectives as C
@@ -79,7 +81,51 @@ def test_bus_factor_wrong(wrong, match):
         lab07.check_bus_factor(wrong)
 
 
-# ---- 7.3 alpha/beta fit
+# ---- 7.3 ring all-reduce from isend/irecv (ring_answers.py holds the learner's attempts)
+
+def test_ring_right_both_ways_and_stub():
+    v = lab07.check_ring_all_reduce(RA.right)
+    assert v.passed and "3 gloo processes" in v.detail
+    assert lab07.check_ring_all_reduce(RA.reverse_ring, seed=3).passed
+    assert lab07.check_ring_all_reduce(_stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (RA.calls_all_reduce, r"you called dist.all_reduce: this exercise builds the all-reduce itself"),
+    (RA.send_then_receive, r"every rank is waiting to send and none has posted its receive.*batch_isend_irecv"),
+    (RA.wrong_neighbour, r"rank \d receives from rank \d, which does the same the other way"),
+    (RA.reduce_scatter_only, r"sent 3 messages; a ring all-reduce over p = 4 ranks sends 2\(p-1\) = 6.*only the "
+                             r"reduce-scatter: the all-gather phase is missing"),
+    (RA.all_gather_only, r"rank \d sent 3 messages; .* no chunk was summed on the way: the reduce-scatter phase is "
+                         r"missing"),
+    (RA.wrong_chunk, r"rank \d sent chunk \d at step \d of the reduce-scatter, where the ring step needs chunk \d"),
+    (RA.overwrites, r"rank \d's chunk \d at step 1 of the reduce-scatter holds ranks \[\d\] but not rank \d's own "
+                    r"values: add what you receive to your chunk"),
+    (RA.adds_in_all_gather, r"all-gather holds more than every rank's values once: in the all-gather copy what you "
+                            r"receive"),
+    (RA.p_steps, r"sent 8 messages; a ring all-reduce over p = 4 ranks sends 2\(p-1\) = 6.* p steps per phase"),
+    (RA.torch_chunk, r"messages of \[1\] elements, where torch.tensor_split\(x.view\(-1\), 4\) makes chunks of "
+                     r"\[2, 3\]: cut x with tensor_split \(torch.chunk cuts differently"),
+    (RA.averages, r"the sum divided by world_size = 4: an all-reduce sums"),
+    (RA.not_in_place, r"you returned the sum but left x as it was: reduce x in place"),
+    (RA.whole_tensor, r"a message held all 10 elements: each ring step sends one chunk"),
+    (RA.returns_none, r"rank 0 returned None; return x"),
+    (RA.torch_dist, r"use the `dist` your function is given"),
+    (RA.uses_the_reference, r"called common.parallel.collectives.ring.ring_all_reduce, the reference"),
+])
+def test_ring_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        lab07.check_ring_all_reduce(wrong, seed=1)
+
+
+def test_ring_that_uses_a_notebook_name_is_told_on_real_ranks(monkeypatch):
+    import ring_answers
+    monkeypatch.setattr(ring_answers, "right", RA.right)  # on threads `right` is found; in a rank it is not defined
+    with pytest.raises(CheckFailed, match=r"on real ranks your function raised NameError.*define what it uses inside"):
+        lab07.check_ring_all_reduce(RA.uses_a_notebook_name, seed=1)
+
+
+# ---- 7.4 alpha/beta fit
 
 def _fit(sizes, times, p):
     n, t = np.asarray(sizes, float), np.asarray(times, float)
@@ -130,7 +176,7 @@ def test_reference_fit_matches_exercise_convention():
     assert np.allclose(_fit(sizes, times, 4), (7e-6, 20e9), rtol=1e-9)
 
 
-# ---- 7.4 send counts of the node-aware EP dispatch
+# ---- 7.5 send counts of the node-aware EP dispatch
 
 def _counts(dedup=True, shift=0, first_rank=False, skip_own=False, per_expert_rank=False, per_rank=False):
     def f(indices, e, world, g, rank):

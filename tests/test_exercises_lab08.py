@@ -2,7 +2,7 @@
 import pytest
 
 from common.core.checks import CheckFailed
-from common.exercises.lab08 import check_bubble, check_dualpipe_pairs, check_one_f_one_b_order
+from common.exercises.lab08 import check_dualpipe_ops, check_one_f_one_b_order
 from common.parallel import pipeline
 
 
@@ -67,118 +67,87 @@ def test_one_f_one_b_stub():
     assert check_one_f_one_b_order(_stub).status == "not attempted"
 
 
-# --- 8.2 bubbles
-def right_bubble(name, pp, F, B, W, FB):
-    if name in ("gpipe", "1f1b"):
-        return (pp - 1) * (F + B)
-    if name == "zb1p":
-        return (pp - 1) * (F + B - 2 * W)
-    return (pp // 2 - 1) * (FB + B - 3 * W)
+# --- 8.2 one DualPipe rank's order from the eight steps' rules
+def dualpipe_ops(pp, micro_batches, rank, warm=2, zb3=True, main_extra=0, split_middle=True, overlap=True,
+                 f1_first=False, zb6=None, w_first=True, final_w=True, h=None):
+    """A learner's answer; the keywords put in one known mistake each."""
+    n, m = pp // 2, micro_batches // 2
+    h = min(rank, pp - 1 - rank) if h is None else h
+    out = ["F0"] * (warm * (n - h - 1))
+    for _ in range(h + 1):
+        out += ["F0", "F1"]
+    out += (["Bi1", "W", "F1"] if zb3 else ["B1", "F1"]) * (n - h - 1)
+    for i in range(m - 2 * n + h + 1 + main_extra):
+        first = ["F0", "B1"] if not overlap or (split_middle and i == 0 and h == n - 1) else ["F0&B1"]
+        out += ["F1&B0"] + first if f1_first else first + ["F1&B0"]
+    out += ["B1", "F1&B0"] * (n - h - 1)
+    backs = ["B1", "B0"] * (h + 1)
+    zb_from = h + 1 if zb6 is None else zb6(h)
+    out += [("Bi" + t[1]) if i >= zb_from else t for i, t in enumerate(backs)]
+    out += (["W", "Bi0"] if w_first else ["Bi0", "W"]) * (n - h - 1)
+    queued = sum(t.startswith("Bi") for t in out) - out.count("W")
+    return out + ["W"] * queued if final_w else out
 
 
-def dualpipe_full_ramp(name, pp, F, B, W, FB):
-    return (pp - 1) * (FB + B - 3 * W) if name == "dualpipe" else right_bubble(name, pp, F, B, W, FB)
+def _variant(**kw):
+    def f(pp, micro_batches, rank):
+        return dualpipe_ops(pp, micro_batches, rank, **kw)
+    return f
 
 
-def zb_one_w(name, pp, F, B, W, FB):
-    return (pp - 1) * (F + B - W) if name == "zb1p" else right_bubble(name, pp, F, B, W, FB)
+def test_dualpipe_ops_right_and_stub():
+    v = check_dualpipe_ops(dualpipe_ops)
+    assert v.passed and "plans under NCCL's rules" in v.detail
+    assert check_dualpipe_ops(_stub).status == "not attempted"
 
 
-def bubble_fraction(name, pp, F, B, W, FB):
-    return right_bubble(name, pp, F, B, W, FB) / pp
+def h_is_rank(pp, micro_batches, rank):
+    return dualpipe_ops(pp, micro_batches, rank, h=rank)
 
 
-def no_return(name, pp, F, B, W, FB):
-    (pp - 1) * (F + B)
+@pytest.mark.parametrize("wrong, match", [
+    (h_is_rank, r"rank 2 has h = 1"),
+    (_variant(warm=1), r"step 1 runs \(PP/2 - h - 1\) x 2 forwards"),
+    (_variant(zb3=False), r"step 3 runs Bi1 \(input gradients only\), then W"),
+    (_variant(main_extra=1), r"step 4 runs micro_batches/2 - PP \+ h \+ 1 rounds"),
+    (_variant(split_middle=False), r"the middle ranks \(h = PP/2 - 1\) split the FIRST pair of step 4"),
+    (_variant(overlap=False), r"step 4 overlaps each forward with a backward of the other chunk"),
+    (_variant(f1_first=True), r"each round of step 4 is F0&B1, then F1&B0"),
+    (_variant(zb6=lambda h: 0), r"only the LAST h \+ 1 of those backwards are zero-bubble"),
+    (_variant(zb6=lambda h: 2 * h + 2), r"the last h \+ 1 backwards of step 6 are zero-bubble \(Bi\)"),
+    (_variant(w_first=False), r"step 7 runs a weight pass, THEN a zero-bubble backward"),
+    (_variant(final_w=False), r"step 8 runs a W for every weight pass still queued"),
+    (_variant(zb6=lambda h: h), r"op \d+ is 'Bi\d' where DeepSeek's order runs 'B\d' \(in its step 6"),
+])
+def test_dualpipe_ops_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        check_dualpipe_ops(wrong, seed=1)
 
 
-def test_bubble_right():
-    assert check_bubble(right_bubble).passed
+def strings_with_spaces(pp, micro_batches, rank):
+    return [t.replace("&", " & ") for t in dualpipe_ops(pp, micro_batches, rank)]
 
 
-def test_bubble_dualpipe_ramp():
-    with pytest.raises(CheckFailed, match="PP/2 - 1"):
-        check_bubble(dualpipe_full_ramp)
+def items_not_tokens(pp, micro_batches, rank):
+    return pipeline.dualpipe(pp, micro_batches).ops[rank]
 
 
-def test_bubble_zb_one_w():
-    with pytest.raises(CheckFailed, match="2W per stage"):
-        check_bubble(zb_one_w)
+def test_dualpipe_ops_bad_returns_and_the_reference():
+    with pytest.raises(CheckFailed, match=r"'F0 & B1' is not a token; allowed: F0, F1"):
+        check_dualpipe_ops(strings_with_spaces, seed=1)
+    with pytest.raises(CheckFailed, match=r"return a list of tokens|reference this exercise asks you to write"):
+        check_dualpipe_ops(items_not_tokens, seed=1)
+    with pytest.raises(CheckFailed, match="reference this exercise asks you to write"):
+        check_dualpipe_ops(pipeline.dualpipe_tokens, seed=1)
 
 
-def test_bubble_divided_by_pp():
-    with pytest.raises(CheckFailed, match="divides by PP"):
-        check_bubble(bubble_fraction)
-
-
-def test_bubble_none():
-    with pytest.raises(CheckFailed, match="None"):
-        check_bubble(no_return)
-
-
-def test_bubble_stub():
-    assert check_bubble(_stub).status == "not attempted"
-
-
-# --- 8.3 DualPipe stage pairs
-def right_pairs(pp):
-    if pp % 2:
-        raise ValueError(f"pp={pp} must be even")
-    return [(r, pp - 1 - r) for r in range(pp)]
-
-
-def same_direction(pp):
-    if pp % 2:
-        raise ValueError("odd")
-    return [(r, r) for r in range(pp)]
-
-
-def off_by_one(pp):
-    if pp % 2:
-        raise ValueError("odd")
-    return [(r, pp - r) for r in range(pp)]
-
-
-def rotated(pp):
-    if pp % 2:
-        raise ValueError("odd")
-    return [((r + 1) % pp, pp - 1 - r) for r in range(pp)]
-
-
-def accepts_odd(pp):
-    return [(r, pp - 1 - r) for r in range(pp)]
-
-
-def test_pairs_right():
-    assert check_dualpipe_pairs(right_pairs).passed
-
-
-def test_pairs_same_direction():
-    with pytest.raises(CheckFailed, match="same direction"):
-        check_dualpipe_pairs(same_direction)
-
-
-def test_pairs_off_by_one():
-    with pytest.raises(CheckFailed, match="on distinct ranks"):
-        check_dualpipe_pairs(off_by_one)
-
-
-def test_pairs_rotated():
-    with pytest.raises(CheckFailed, match="enter at rank 0"):
-        check_dualpipe_pairs(rotated)
-
-
-def test_pairs_odd_pp_accepted():
-    with pytest.raises(CheckFailed, match="odd PP"):
-        check_dualpipe_pairs(accepts_odd)
-
-
-def test_pairs_stub():
-    assert check_dualpipe_pairs(_stub).status == "not attempted"
-
-
-def test_reference_matches_pipeline_module():
-    assert [pipeline.dualpipe_stages(8, r) for r in range(8)] == [((0, r), (1, 7 - r)) for r in range(8)]
+def test_the_checkers_rules_are_deepseeks_order():
+    from common.exercises.lab08 import _tokens
+    for pp in (2, 4, 6, 8, 10):
+        for m in range(2 * pp, 2 * pp + 10, 2):
+            for r in range(pp):
+                assert _tokens(pp, m, r) == pipeline.dualpipe_tokens(pp, m, r) == dualpipe_ops(pp, m, r)
+    assert pipeline.schedule_from(dualpipe_ops, 8, 20).ops == pipeline.dualpipe(8, 20).ops
 
 
 # --- issue 12 audit: parameters varied, edge cases, named mistakes, learner errors as verdicts, seeds printed
@@ -209,69 +178,9 @@ def test_failure_prints_the_seed():
         check_one_f_one_b_order(gpipe_order)
 
 
-def zb_as_forward_only(name, pp, F, B, W, FB):
-    return (pp - 1) * F if name == "zb1p" else right_bubble(name, pp, F, B, W, FB)
-
-
-def dualpipe_f_plus_b(name, pp, F, B, W, FB):
-    return (pp // 2 - 1) * (F + B + B - 3 * W) if name == "dualpipe" else right_bubble(name, pp, F, B, W, FB)
-
-
-def dualpipe_two_w(name, pp, F, B, W, FB):
-    return (pp // 2 - 1) * (FB + B - 2 * W) if name == "dualpipe" else right_bubble(name, pp, F, B, W, FB)
-
-
-def zb_as_1f1b(name, pp, F, B, W, FB):
-    return (pp - 1) * (F + B) if name == "zb1p" else right_bubble(name, pp, F, B, W, FB)
-
-
-def bubble_as_text(name, pp, F, B, W, FB):
-    return f"{right_bubble(name, pp, F, B, W, FB):.2f}"
-
-
-def bubble_ignores_timings(name, pp, F, B, W, FB):
-    return right_bubble(name, pp, 1.0, 2.0, 1.0, 2.5)
-
-
-@pytest.mark.parametrize("wrong,match", [(zb_as_forward_only, "zb1p"), (dualpipe_f_plus_b, "uses F \\+ B"),
-                                         (dualpipe_two_w, "3W per ramp step"), (zb_as_1f1b, "1F1B's bubble"),
-                                         (bubble_as_text, "expected a number"),
-                                         (bubble_ignores_timings, "bubble\\('1f1b', pp=6")])
-def test_bubble_audit(wrong, match):
-    for _ in range(3):
-        with pytest.raises(CheckFailed, match=match):
-            check_bubble(wrong)
-
-
-def asserts_even(pp):
-    assert pp % 2 == 0, "pp must be even"
-    return [(r, pp - 1 - r) for r in range(pp)]
-
-
-def ints_not_pairs(pp):
-    if pp % 2:
-        raise ValueError("odd")
-    return list(range(pp))
-
-
-def accepts_one(pp):
-    if pp % 2 and pp > 1:
-        raise ValueError("odd")
-    return [(r, pp - 1 - r) for r in range(pp)]
-
-
-@pytest.mark.parametrize("wrong,match", [(asserts_even, "(?s)raised AssertionError.*expected ValueError"),
-                                         (ints_not_pairs, "must be a pair"), (accepts_one, "dualpipe_pairs\\(1\\)")])
-def test_pairs_audit(wrong, match):
-    for _ in range(3):
-        with pytest.raises(CheckFailed, match=match):
-            check_dualpipe_pairs(wrong)
-
-
 @pytest.mark.parametrize("check, reference", [
     (check_one_f_one_b_order, lambda pp, m, s: pipeline.one_f_one_b_order(pp, m, s)),
-    (check_bubble, lambda name, pp, F, B, W, FB: pipeline.bubble_formula(name, pp, pipeline.Durations(F, B, W, FB))),
-    (check_dualpipe_pairs, lambda pp: [pipeline.dualpipe_stages(pp, r) for r in range(pp)]),
+    (check_dualpipe_ops, lambda pp, m, r: pipeline.dualpipe_tokens(pp, m, r)),
 ])
 def test_calling_the_reference_is_caught(check, reference):
     with pytest.raises(CheckFailed, match="reference this exercise asks you to write"):

@@ -9,8 +9,9 @@ from common.parallel import distributed as D
 from common.parallel import expert_parallel as EP
 
 
-def _nothing_left():
-    alive = [p for p in D.last_run["pids"]
+def _nothing_left(launch: D.Launch):
+    assert launch.pids
+    alive = [p for p in launch.pids
              if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive
 
@@ -25,10 +26,11 @@ def _nothing_left():
     (EP.EPConfig(top_k=0), 2, r"top_k=0 must be an integer >= 1"),
 ])
 def test_bad_input_before_any_process(cfg, ws, match):
-    D.last_run.clear()
-    with pytest.raises(ValueError, match=match):
-        EP.measure(cfg, ws, backend="gloo")
-    assert not D.last_run, "a process group was started before the input was checked"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(D, "run_workers", lambda *a, **k: pytest.fail("a process group was started before the input "
+                                                                 "was checked"))
+        with pytest.raises(ValueError, match=match):
+            EP.measure(cfg, ws, backend="gloo")
 
 
 def test_bad_variant():
@@ -61,8 +63,9 @@ def test_send_counts():
 def test_two_ranks_match_the_single_process_layer_and_record_the_splits_they_sent():
     cfg = EP.EPConfig(tokens=256, hidden=128, intermediate=32, num_experts=16, top_k=4, n_group=4, topk_group=2)
     tasks = [EP.ep_task(cfg, 2, "gloo", repeats=2), (W.broken_ep_worker, (cfg.to_dict(),))]
-    per_rank = D.run_workers(D.tasks_worker, 2, args=(tasks,), backend="gloo", timeout=180)
-    _nothing_left()
+    launch = D.Launch()
+    per_rank = D.run_workers(D.tasks_worker, 2, args=(tasks,), backend="gloo", timeout=180, launch=launch)
+    _nothing_left(launch)
     out = EP.summarize([r[0] for r in per_rank], cfg)
     for v in EP.VARIANTS:
         s = out["variants"][v]
@@ -101,8 +104,9 @@ def test_four_ranks_two_nodes_fp8_and_nvlink_hop():
                         ranks_per_node=2)
     lowp = EP.EPConfig(**{**exact.to_dict(), "fp8": True, "combine_bf16": True})
     tasks = [EP.ep_task(exact, 4, "gloo", repeats=1), EP.ep_task(lowp, 4, "gloo", repeats=1)]
-    per_rank = D.run_workers(D.tasks_worker, 4, args=(tasks,), backend="gloo", timeout=180)
-    _nothing_left()
+    launch = D.Launch()
+    per_rank = D.run_workers(D.tasks_worker, 4, args=(tasks,), backend="gloo", timeout=180, launch=launch)
+    _nothing_left(launch)
     a = EP.summarize([r[0] for r in per_rank], exact)
     b = EP.summarize([r[1] for r in per_rank], lowp)
     for v in EP.VARIANTS:

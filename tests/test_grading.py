@@ -113,7 +113,7 @@ def graded(tmp_path_factory):
            "import time\ndef slow(*a):\n    while True:\n        time.sleep(0.05)\ncheck_implied_mfu(slow)")
     _write(root / "ace" / LAB, HEAD, "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n"
            "    time.sleep(0.05)", "check_training_days(lambda *a: 1.0)")
-    _write(root / "amy" / LAB, HEAD, RIGHT, "from common.systems import scaling\ncheck_training_days(lambda f, g, gpu, "
+    _write(root / "amy" / LAB, HEAD, RIGHT, "from common.systems.cluster import scaling\ncheck_training_days(lambda f, g, gpu, "
            "dt, mfu: f / (g * scaling.peak_tflops(gpu, dt) * 1e12 * mfu) / 86400)")
     (root / "kim").mkdir()
     (root / "kim" / LAB).write_text("{ not json")
@@ -292,3 +292,31 @@ def test_a_workbook_under_tmp_or_home_is_not_hidden(monkeypatch, tmp_path):
     common = at("--ro-bind", str(tmp_path / "workbook" / "common"))
     labs = at("--tmpfs", str(tmp_path / "workbook" / "labs"))
     assert tmp_fs < common and home_fs < common and common < labs
+
+
+def test_an_interpreter_behind_a_symlink_is_bound_where_the_grader_names_it(monkeypatch, tmp_path):
+    """A venv in /tmp linked into the checkout as .venv: the runner starts by the linked path, so the sandbox binds the
+    real folder there too (before, every notebook was 'not checked: the sandbox ended before the notebook did')."""
+    real = tmp_path / "venv"
+    (real / "bin").mkdir(parents=True)
+    link = tmp_path / "checkout" / ".venv"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    monkeypatch.setattr(sys, "prefix", str(link))
+    monkeypatch.setattr(sys, "executable", str(link / "bin" / "python"))
+    assert (str(real), str(link)) in sandbox._python_aliases()
+    assert (str(real), str(link)) in sandbox.Sandbox(0, sandbox.Limits())._binds()
+
+
+def test_a_kernel_that_cannot_start_is_one_grader_error(tmp_path, monkeypatch):
+    """When the sandboxed interpreter cannot start, grading stops once with the sandbox's own words, instead of
+    grading every exercise of every notebook 'not checked'."""
+    monkeypatch.setattr(sandbox, "_python_roots", lambda: [])  # the interpreter is not bound: it cannot start
+    monkeypatch.setattr(sandbox, "_python_aliases", lambda: [])
+    if os.path.realpath(sys.executable).startswith("/usr/"):
+        pytest.skip("this Python lives under /usr, which the sandbox always binds")
+    _write(tmp_path / "class" / "ada" / LAB, HEAD, RIGHT)
+    with pytest.raises(grading.GraderError, match=r"could not start a notebook's kernel(.|\n)*said") as info:
+        grading.grade(tmp_path / "class", tmp_path / "out", cell_timeout=6, notebook_timeout=30,
+                      progress=lambda *_: None)
+    assert "No such file" in str(info.value) or "execvp" in str(info.value), str(info.value)

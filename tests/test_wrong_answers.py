@@ -1,6 +1,6 @@
 """For each checker, its three most likely wrong answers (as a learner would write them), and the words its verdict
 must use to name each one as it is -- not a nearby mistake. Labs 00-05 and 09-10 here; labs 06-08 and 11-13 in
-test_wrong_answers_late.py. (Exercises whose lab test file already holds three or more named mistakes -- 1.1-1.3,
+test_wrong_answers_late.py. (Exercises whose lab test file already holds three or more named mistakes -- 0.3, 1.1-1.3,
 3.2, 3.3, 4.2-4.8, 5.2, 5.8 -- are counted by test_every_checker_has_three_named_mistakes.)
 
 Each wrong answer runs on three seeds: a mistake must be named whatever the random cases are.
@@ -221,7 +221,8 @@ IN_LAB_TESTS = {
     "1.1": ("01", ["test_time_fn_wrong", "test_time_fn_parameters_varied"]),
     "1.2": ("01", ["test_is_regression_wrong", "test_is_regression_scale_and_baseline",
                    "test_is_regression_wrapper_of_the_reference_is_caught"]),
-    "1.3": ("01", ["test_event_time_wrong"]),
+    "0.3": ("00", ["test_ceilings_mistakes_named", "test_ceilings_reference_is_caught"]),
+    "1.3": ("01", ["test_do_bench_mistakes_named"]),
     "3.2": ("03", ["test_vector_add_missing_mask", "test_vector_add_wrong_grid", "test_vector_add_ignoring_block_size_caught",
                    "test_vector_add_unmasked_loads_caught", "test_vector_add_in_pytorch_is_not_a_kernel"]),
     "3.3": ("03", ["test_softmax_without_max_subtraction", "test_softmax_wrong_axis", "test_softmax_padding_counted",
@@ -248,7 +249,9 @@ IN_LAB_TESTS = {
     "6.3": ("06", ["test_dispatch_combine_mistakes_named"]),
     "6.7": ("06", ["test_place_replicas_mistakes_named", "test_place_replicas_layout_and_validity_named"]),
     "6.6": ("06", ["test_replica_counts", "test_replica_counts_largest_remainders_named"]),
-    "7.4": ("07", ["test_send_counts_wrong"]),
+    "7.3": ("07", ["test_ring_wrong"]),
+    "7.5": ("07", ["test_send_counts_wrong"]),
+    "8.2": ("08", ["test_dualpipe_ops_wrong"]),
     "12.2": ("12", ["test_equivalent"]),
     "12.3": ("12", ["test_moe_grouped_forward", "test_one_act_call_is_required"]),
     "12.4": ("12", ["test_corrected_share"]),
@@ -260,6 +263,9 @@ IN_LAB_TESTS = {
     "14.3": ("14", ["test_gather_wrong"]),
     "14.4": ("14", ["test_intensity_wrong"]),
     "14.5": ("14", ["test_cost_wrong"]),
+    "14.6": ("14", ["test_schedule_step_wrong_policies_named", "test_schedule_step_other_wrong_answers"]),
+    "14.7": ("14", ["test_paged_decode_mistakes_named", "test_paged_decode_other_wrong_answers"]),
+    "14.8": ("14", ["test_prefix_cache_wrong_policies_named", "test_prefix_cache_other_wrong_answers"]),
 }
 OTHERS: set = set()  # exercises whose cases another change owns
 

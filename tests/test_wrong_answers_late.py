@@ -1,6 +1,6 @@
 """Labs 06-08 and 11-13: each checker's three most likely wrong answers, and the words that name each one (see
-test_wrong_answers.py). 13.1 is another change's; 7.4's named mistakes live in their lab test file (6.3's and
-6.7's ten or more too, with three of them here)."""
+test_wrong_answers.py). 13.1 is another change's; 7.3's and 7.5's named mistakes live in their lab test files (6.3's
+and 6.7's ten or more too, with three of them here)."""
 import math
 
 import pytest
@@ -66,15 +66,6 @@ def _order(pp, m, s, warm=None, gpipe=False):
     return out
 
 
-def _bubble(name, pp, F, B, W, FB, mistake=None):
-    if name in ("gpipe", "1f1b"):
-        return (pp - 1) * (F + B) / (pp if mistake == "per_pp" else 1)
-    if name == "zb1p":
-        return (pp - 1) * (F + B - (0 if mistake == "zb_as_1f1b" else 2 * W))
-    pair = F + B if mistake == "fb_sum" else FB
-    return max(0, pp // 2 - 1) * (pair + B - 3 * W)
-
-
 WRONG = {
     # ------------------------------------------------------------------------------------------- lab 06
     lab06.check_moe_ffn_params: [
@@ -132,16 +123,6 @@ WRONG = {
         (lambda pp, m, s: _order(pp, m, s, gpipe=True), "that is GPipe"),
         (lambda pp, m, s: _order(pp, m, s, warm=pp - s), "too many warm-up forwards"),
         (lambda pp, m, s: _order(pp, m, s, warm=0), "only .* micro-batches in flight"),
-    ],
-    lab08.check_bubble: [
-        (lambda *a: _bubble(*a, mistake="fb_sum"), "uses F \\+ B for the overlapped pair"),
-        (lambda *a: _bubble(*a, mistake="zb_as_1f1b"), "that is 1F1B's bubble"),
-        (lambda *a: _bubble(*a, mistake="per_pp"), "divides by PP"),
-    ],
-    lab08.check_dualpipe_pairs: [
-        (lambda pp: [(r, r) for r in range(pp)], "same direction"),
-        (lambda pp: [(pp - 1 - r, r) for r in range(pp)] if pp % 2 == 0 else None, "enter at rank 0"),
-        (lambda pp: [(r, pp - 1 - r) for r in range(pp)], "returned instead of raising ValueError"),
     ],
     # ------------------------------------------------------------------------------------------- lab 11
     lab11.check_kv_bytes_per_token: [

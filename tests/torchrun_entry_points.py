@@ -1,9 +1,10 @@
 """Run several of the workbook's torchrun entry points, one after another, in the ranks of ONE torchrun launch:
 
-    torchrun --standalone --nproc-per-node 2 tests/torchrun_entry_points.py LEDGER_DIR MODULE ARG... -- MODULE ARG...
+    torchrun [--standalone | --nnodes N --rdzv-backend c10d ...] --nproc-per-node G tests/torchrun_entry_points.py \
+        LEDGER_DIR MODULE ARG... -- MODULE ARG...
 
 Each module runs as `python -m MODULE ARG...` would run it (`runpy.run_module(..., alter_sys=True)`, which is what
--m does), with its ledger in LEDGER_DIR/MODULE.jsonl. Its `main` joins the group torchrun describes (env://) and
+-m does), with its ledger in LEDGER_DIR/MODULE.jsonl; a module that exits (`--help`) is reported and the next runs. Its `main` joins the group torchrun describes (env://) and
 destroys it at the end. The first module joins through torchrun's own store, as a lone entry point does. A second
 group on that store would find the first one's keys (the default group is named "0" again after a destroy, so gloo's
 rendezvous read stale addresses: seen as a hang); so each later module gets a store of its own that rank 0 hosts on
@@ -48,13 +49,19 @@ def _fresh_store(i: int, agent_port: int) -> None:
 def main() -> None:
     ledger_dir, rest = sys.argv[1], sys.argv[2:]
     agent_port = int(os.environ["MASTER_PORT"])
-    for i, (module, *args) in enumerate(_groups(rest)):
-        if i:
-            _fresh_store(i, agent_port)
+    joined = 0
+    for module, *args in _groups(rest):
+        if "--help" not in args:
+            if joined:
+                _fresh_store(joined, agent_port)
+            joined += 1
         os.environ["WORKBOOK_RESULTS"] = os.path.join(ledger_dir, module + ".jsonl")
         print(f"=== {module} on rank {os.environ.get('RANK')}", flush=True)
         sys.argv = [module, *args]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        except SystemExit as exc:  # --help: it parsed its arguments and left before joining a group
+            print(f"=== {module} exited with {exc.code} on rank {os.environ.get('RANK')}", flush=True)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,10 @@ def parent_worker(rank: int, world_size: int, marker: str, then: str = "sleep") 
     """Start a child process whose command line ends with `marker` (a stand-in for a compile or DataLoader worker) and
     write its pid to the file `marker`.<rank>; then
     `then`: "sleep" (60 s), "crash" (os._exit on rank 0, the others sleep), or "return"."""
+    import multiprocessing.util
+    import tempfile
+    multiprocessing.util.get_temp_dir()  # a pymp-* folder, as any use of multiprocessing in a rank makes
+    tempfile.NamedTemporaryFile(delete=False).close()  # a temporary file a rank forgets
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker])
     with open(f"{marker}.{rank}", "w") as f:  # the test checks that the child was started, then that it is gone
         f.write(str(child.pid))
@@ -74,3 +78,12 @@ def broken_ep_worker(rank: int, world_size: int, cfg_dict: dict) -> dict:
 def modules_worker(rank: int, world_size: int, names: list) -> list:
     """Which of `names` this rank has imported, without importing any (the fork server's preloads show here)."""
     return [n in sys.modules for n in names]
+
+
+def sysexit_worker(rank: int, world_size: int, code: int = 3) -> int:
+    """Rank 0 calls sys.exit(code), as a script's argument check might; the others wait in a barrier."""
+    import torch.distributed as dist
+    if rank == 0:
+        sys.exit(code)
+    dist.barrier()
+    return rank

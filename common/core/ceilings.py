@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,12 @@ class Ceiling:
     unit: str
     detail: str
     timing: timing.Timing
+
+    @property
+    def threads(self) -> int | None:
+        """The CPU threads that reached this ceiling (read from its detail); None on a GPU."""
+        m = re.search(r"(\d+) threads?\b", self.detail)
+        return int(m.group(1)) if m else None
 
 
 def _device(device):

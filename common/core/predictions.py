@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.core.claims import readable
 from common.core.env import current
 
 NO_GUESS = Ellipsis
@@ -34,7 +35,7 @@ class Prediction:
     notes: list = field(default_factory=list)
 
     def _ipython_display_(self) -> None:
-        """Already printed by predict / reveal: show nothing more when it is a cell's last expression."""
+        """Already printed by `predict` / `reveal`: show nothing more when it is a cell's last expression."""
 
     @property
     def guessed(self) -> bool:
@@ -50,11 +51,19 @@ class Prediction:
         if guess == measured:
             return "exact"
         if guess <= 0 or measured <= 0:
-            return f"off by {measured - guess:+.3g} {self.unit}".rstrip()
+            return f"off by {'+' if measured > guess else '-'}{_short(abs(measured - guess))} {self.unit}".rstrip()
         ratio = measured / guess
         if 0.8 <= ratio <= 1.25:
             return f"within {abs(ratio - 1):.0%}"
-        return f"{ratio:.2g}x higher than your guess" if ratio > 1 else f"{1 / ratio:.2g}x lower than your guess"
+        return (f"{_short(ratio, 2)}x higher than your guess" if ratio > 1 else
+                f"{_short(1 / ratio, 2)}x lower than your guess")
+
+
+def _short(x: float, digits: int = 3) -> str:
+    """x to `digits` significant digits, without an exponent: 8.05, 2, 20,073 (not 2.01e+04)."""
+    if 1e-3 <= abs(x) < 10 ** digits:
+        return f"{x:.{digits}g}"
+    return readable(x, digits)
 
 
 _predictions: dict[tuple[str, str], Prediction] = {}
@@ -101,7 +110,7 @@ def reveal(key: str, measured: Any) -> Prediction:
     if not entry.choices:
         measured = float(measured)
     entry.measured, entry.revealed = measured, True
-    shown = measured if entry.choices else f"{measured:.3g}{' ' + entry.unit if entry.unit else ''}"
+    shown = measured if entry.choices else f"{_short(measured)}{' ' + entry.unit if entry.unit else ''}"
     if entry.guessed:
         print(f"PREDICTION {key}: you guessed {entry.guess}{' ' + entry.unit if entry.unit and not entry.choices else ''}"
               f", measured {shown} -- {entry.verdict()}")
@@ -125,7 +134,7 @@ def calibration(lab: str | None = None) -> None:
     header = ("prediction", "your guess", "measured", "how far")
     table = [header] + [
         (p.key, str(p.guess) + (f" {p.unit}" if p.unit and p.guessed and not p.choices else "") if p.guessed else "-",
-         ("-" if not p.revealed else (str(p.measured) if p.choices else f"{p.measured:.3g}"
+         ("-" if not p.revealed else (str(p.measured) if p.choices else _short(p.measured)
                                       + (f" {p.unit}" if p.unit else ""))),
          p.verdict() or ("not measured yet" if not p.revealed else "no guess")) for p in rows]
     widths = [max(len(r[i]) for r in table) for i in range(4)]

@@ -54,35 +54,9 @@ def _stopwatch(q, warmup, repeats, sync_each=True, time_warmup=False):
     return samples
 
 
-def _event_samples(q, warmup, repeats, time_warmup=False, sync_warmup=True):
-    """Event-timer samples on q (right, or with the warm-up calls timed too, with or without a sync after them)."""
-    pairs = []
-    for _ in range(warmup):
-        if time_warmup:
-            start, end = q.event(), q.event()
-            start.record()
-            q.fn()
-            end.record()
-            pairs.append((start, end))
-        else:
-            q.fn()
-    if sync_warmup:
-        q.sync()
-    for _ in range(repeats):
-        start, end = q.event(), q.event()
-        start.record()
-        q.fn()
-        end.record()
-        pairs.append((start, end))
-    q.sync()
-    return [s.elapsed_time(e) / 1e3 for s, e in pairs]
-
-
-def _mistakes(plan, warmup, repeats, events: bool) -> tuple[list[float], list[tuple[str, float]]]:
+def _mistakes(plan, warmup, repeats) -> tuple[list[float], list[tuple[str, float]]]:
     """The right samples, and (message, value) of each classic mistake on the same plan."""
     def samples(time_warmup=False):
-        if events:
-            return _event_samples(SimQueue(plan), warmup, repeats, time_warmup)
         return _stopwatch(SimQueue(plan), warmup, repeats, time_warmup=time_warmup)
     right = samples()
     med = statistics.median(right)
@@ -95,20 +69,17 @@ def _mistakes(plan, warmup, repeats, events: bool) -> tuple[list[float], list[tu
               "come after the warm-up", statistics.median(samples(time_warmup=True))),
              ("milliseconds: return seconds", med * 1e3), ("microseconds: return seconds", med * 1e6),
              ("nanoseconds (perf_counter_ns?): return seconds", med * 1e9)]
-    if events:  # warm-up timed in one loop with the rest, no sync between them: the same mistake, other samples
-        wrong.append((wrong[3][0], statistics.median(_event_samples(SimQueue(plan), warmup, repeats, True, False))))
-    if not events:
-        wrong.append(("the work runs asynchronously and the clock stopped before sync() returned: you timed the "
-                      "launch, not the work", statistics.median(_stopwatch(SimQueue(plan), warmup, repeats,
-                                                                           sync_each=False)[:-1] or [0.0])))
+    wrong.append(("the work runs asynchronously and the clock stopped before sync() returned: you timed the "
+                  "launch, not the work", statistics.median(_stopwatch(SimQueue(plan), warmup, repeats,
+                                                                       sync_each=False)[:-1] or [0.0])))
     return right, wrong
 
 
-def _judge(got, text: str, q: SimQueue, plan, warmup: int, repeats: int, events: bool) -> None:
+def _judge(got, text: str, q: SimQueue, plan, warmup: int, repeats: int) -> None:
     expect(q.calls == warmup + repeats,
            f"{text}: fn was called {q.calls} times; expected warmup={warmup} + repeats={repeats} = {warmup + repeats} "
            f"(warm-up calls run fn but are not timed; use the arguments, not fixed counts)")
-    right, wrong = _mistakes(plan, warmup, repeats, events)
+    right, wrong = _mistakes(plan, warmup, repeats)
     ordered = sorted(right)
     low, high = statistics.median_low(ordered), statistics.median_high(ordered)
     if low * (1 - 1e-9) <= got <= high * (1 + 1e-9):
@@ -116,7 +87,7 @@ def _judge(got, text: str, q: SimQueue, plan, warmup: int, repeats: int, events:
     for message, value in wrong:
         if abs(got - value) <= 1e-9 * max(abs(value), 1e-12):
             fail(f"{text} = {got:.6g}, the median is {statistics.median(right):.6g} s: that is {message}")
-    if not events and q.reads == 0:
+    if q.reads == 0:
         fail(f"{text} = {got:.6g}: your timer read none of time.perf_counter / monotonic / time (and their _ns "
              f"forms) -- this checker runs fn on a simulated clock that those read; time with time.perf_counter()")
     if got < min(right) / 4:
@@ -138,54 +109,189 @@ def check_time_fn(time_fn, cases):
         with clock(q, getattr(time_fn, "__globals__", {})):
             got = learner_call(time_fn, (q.fn, q.sync, warmup, repeats), text, [(timing, "bench")],
                                expected="the median seconds per call")
-        _judge(as_number(got, text), text, q, plan, warmup, repeats, events=False)
+        _judge(as_number(got, text), text, q, plan, warmup, repeats)
     return ("the exact median per call for two warm-up/repeat settings: synchronised, warmed up, and robust to "
             "the two delayed calls")
 
 
-@checker("1.3", "a timer built on events", in_kernel="it times the learner's event timer on a simulated clock in the "
-                                                     "kernel")
+# ---------------------------------------------------------------------------------- 1.3: a do_bench of your own
+FLUSH_S = 1e-3  # device time of one cache flush (a write of a buffer larger than the cache)
+WARM_FACTOR = 0.5  # a call right after another, with no flush between, finds its data in cache: twice as fast
+# (warmup, min_time, scale of the call times): two settings, so that no fixed warm-up or repeat count fits both
+BENCH_SETTINGS = ((3, 0.3, 1.0), (5, 0.12, 4.0))
+
+
+def _bench_plan(rng, warmup: int, scale: float, calls: int = 600) -> list[tuple[float, float]]:
+    """(host_s, work_s) per call: warm-up calls slow on the host (compilation, autotuning); then cold times drawn
+    per call, most 2-3 ms and 15% of them 6-8 ms (slow outliers), so median, mean, minimum and IQR all differ."""
+    works = [scale * (rng.uniform(6e-3, 8e-3) if rng.random() < 0.15 else rng.uniform(2e-3, 3e-3))
+             for _ in range(calls)]
+    return [(WARMUP_HOST_S, 3e-3)] * warmup + [(0.0, w) for w in works]
+
+
+class _Watch:
+    """Watches a learner's do_bench on a SimQueue: each event's recordings (the fn calls and flushes before each) and
+    each elapsed_time read: which calls a pair brackets, whether they ran cold, whether a flush sat inside."""
+
+    def __init__(self, q: SimQueue):
+        self.q, self.events, self.reads, self.cold = q, 0, [], []
+        self.flushes = 0
+        real_fn, real_flush = q.fn, q.flush
+
+        def fn():
+            self.cold.append(not q.warm)
+            real_fn()
+
+        def flush():
+            self.flushes += 1
+            real_flush()
+        self.fn, self.flush = fn, flush
+
+    def make_event(self):
+        ev = self.q.event()
+        self.events += 1
+        ev.recordings = []
+        real_record, real_elapsed = ev.record, ev.elapsed_time
+
+        def record():
+            ev.recordings.append((self.q.calls, self.flushes))
+            real_record()
+
+        def elapsed_time(end):
+            value = real_elapsed(end)
+            self.reads.append((ev, end, value))
+            return value
+        ev.record, ev.elapsed_time = record, elapsed_time
+        return ev
+
+    def pairs(self) -> list[dict]:
+        """Each pair read: the calls it brackets (indices), whether a flush sat inside, its value in seconds."""
+        out = []
+        for start, end, value in self.reads:
+            (c0, f0), (c1, f1) = start.recordings[-1], end.recordings[-1]
+            out.append({"calls": list(range(c0, c1)), "flush_inside": f1 > f0, "s": value / 1e3,
+                        "reused": len(start.recordings) > 1 or len(end.recordings) > 1})
+        return out
+
+
+def _quartile_spreads(xs: list[float]) -> list[float]:
+    """IQR of xs by the usual definitions (inclusive and exclusive quantiles, numpy's linear, nearest, midpoint)."""
+    out = [float(np.subtract(*np.percentile(xs, [75, 25], method=m))) for m in ("linear", "nearest", "midpoint",
+                                                                                "lower", "higher")]
+    for method in ("inclusive", "exclusive"):
+        q = statistics.quantiles(xs, n=4, method=method)
+        out.append(q[2] - q[0])
+    return out
+
+
+def _judge_bench(got, text: str, w: _Watch, warmup: int, min_time: float) -> None:
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        fail(f"{text} returned {type(got).__name__} {got!r:.80}; return (median_seconds, iqr_seconds)")
+    med, iqr = as_number(got[0], f"{text}[0]"), as_number(got[1], f"{text}[1]")
+    if w.events == 0:
+        fail(f"{text}: no event was made -- time each call between its own start.record() and end.record() and "
+             f"read start.elapsed_time(end) after sync() (a host stopwatch is exercise 1.1)")
+    pairs = w.pairs()
+    if not pairs:
+        fail(f"{text}: elapsed_time was never read: after sync(), read start.elapsed_time(end) of each pair")
+    if any(p["reused"] for p in pairs):
+        fail(f"{text}: one event pair was recorded again and again: an event keeps only its LAST recording, so every "
+             f"elapsed_time you read is the last call's. Make a fresh pair (make_event() twice) for each call")
+    before = min(p["calls"][0] for p in pairs if p["calls"]) if any(p["calls"] for p in pairs) else 0
+    if before < warmup:
+        fail(f"{text}: fn was called {before} time(s) before the first timed call, but warmup={warmup}: call fn "
+             f"`warmup` times, untimed, first -- the first calls pay one-time costs ({WARMUP_HOST_S * 1e3:.0f} ms "
+             f"each here: compilation, autotuning)")
+    singles = [p for p in pairs if len(p["calls"]) == 1]
+    if len(singles) < 5 and any(len(p["calls"]) > 2 for p in pairs):
+        fail(f"{text}: an event pair you read brackets {max(len(p['calls']) for p in pairs)} calls: one pair around "
+             f"all calls gives their mean, which the outliers inflate. Record a start and an end event around EACH "
+             f"call")
+    if w.flushes == 0:
+        fail(f"{text} = ({med:.6g}, {iqr:.6g}): flush() was never called, so every timed call found its data in "
+             f"the cache left by the call before it (twice as fast here): launch flush() before each call's start "
+             f"event")
+    timed = [p for p in singles if p["calls"][0] >= warmup]
+    if sum(p["flush_inside"] for p in timed) > len(timed) // 2:
+        fail(f"{text}: the flush sits between the start and end events, so each sample includes the flush "
+             f"({FLUSH_S * 1e3:g} ms of device work here): launch flush() BEFORE start.record()")
+    right = sorted(p["s"] for p in timed if w.cold[p["calls"][0]] and not p["flush_inside"])
+    if len(right) < 5:
+        fail(f"{text}: only {len(right)} call(s) were timed cold between their own events: flush, record start, "
+             f"call, record end -- for each of the repeats")
+    total = sum(right)
+    if total < 0.35 * min_time:
+        fail(f"{text}: your timed calls add up to {total:.4g} s, but min_time={min_time:g}: repeat until they add up "
+             f"to min_time (estimate one call's time first; use the argument, not a fixed count)")
+    if total > 4 * min_time:
+        fail(f"{text}: your timed calls add up to {total:.4g} s for min_time={min_time:g}: estimate one call's time, "
+             f"then repeat about min_time / estimate times")
+    n = len(right)
+    low, high = right[max(0, (n - 1) // 2 - 1)], right[min(n - 1, n // 2 + 1)]
+    if abs(med - iqr_of(right)) <= 1e-9 * med and med < low:
+        fail(f"{text} = ({med:.6g}, {iqr:.6g}): the order is (median, iqr); you returned the IQR first")
+    if not low * (1 - 1e-9) <= med <= high * (1 + 1e-9):
+        true_med = statistics.median(right)
+        named = [("milliseconds: elapsed_time returns ms -- divide by 1e3", true_med * 1e3),
+                 ("microseconds: return seconds", true_med * 1e6),
+                 ("the mean: a few slow calls pull a mean up -- report the median", statistics.fmean(right)),
+                 ("the minimum: the luckiest call; report the median (a typical call)", right[0]),
+                 ("the slowest call: report the median", right[-1]),
+                 ("the total of the timed calls: report the median per call", total)]
+        for message, value in named:
+            if abs(med - value) <= 1e-6 * value:
+                fail(f"{text}: the median is {true_med:.6g} s, you returned {med:.6g}: that is {message}")
+        if any(abs(med - WARM_FACTOR * x) <= 0.02 * x for x in (true_med,)):
+            fail(f"{text}: median {med:.6g} s is the WARM time (about half the cold {true_med:.6g} s): the data was "
+                 f"still in cache -- flush() before every timed call")
+        fail(f"{text}: median {med:.6g} s; the median of the calls you timed cold is {true_med:.6g} s (any value "
+             f"between {low:.6g} and {high:.6g} is right)")
+    spreads = _quartile_spreads(right)
+    if not (0.8 * min(spreads) <= iqr <= 1.25 * max(spreads)):
+        stdev, ranged = statistics.stdev(right), right[-1] - right[0]
+        for message, value in (("milliseconds: return seconds", 1e3 * spreads[-2]),
+                               ("the standard deviation: the IQR is the 75th minus the 25th percentile (robust to "
+                                "the slow outliers a standard deviation follows)", stdev),
+                               ("the range (slowest minus fastest): the IQR is the 75th minus the 25th percentile",
+                                ranged),
+                               ("half the IQR: return the whole of it, the 75th minus the 25th percentile",
+                                spreads[-2] / 2)):
+            if abs(iqr - value) <= 0.02 * value:
+                fail(f"{text}: IQR {iqr:.6g} s, expected about {spreads[-2]:.6g}: that is {message}")
+        fail(f"{text}: IQR {iqr:.6g} s, expected about {spreads[-2]:.6g} s (the 75th minus the 25th percentile of "
+             f"the cold samples)")
+
+
+def iqr_of(xs: list[float]) -> float:
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[2] - q[0]
+
+
+@checker("1.3", "your own do_bench", in_kernel="it times the learner's do_bench on a simulated clock in the kernel")
 @replayable
-def check_event_time(event_time, cases):
-    """event_time(fn, make_event, sync, warmup, repeats) -> median seconds per call measured with timing events
-    (torch.cuda.Event on a GPU; a QueueEvent-like event of the simulated queue here)."""
-    for warmup, repeats, scale in SETTINGS:
-        plan = _plan(cases.rng, warmup, repeats, scale)
-        q = SimQueue(plan)
-        records = {"n": 0}
-
-        def make_event(q=q):
-            ev = q.event()
-            real = ev.record
-
-            def record():
-                records["n"] += 1
-                real()
-            ev.record = record
-            return ev
-        text = f"event_time(fn, make_event, sync, warmup={warmup}, repeats={repeats})"
+def check_do_bench(do_bench, cases):
+    """do_bench(fn, flush, make_event, sync, warmup, min_time) -> (median_s, iqr_s): warm up, then time calls one at a
+    time between their own events, with flush() launched before each start event, until min_time is timed."""
+    for warmup, min_time, scale in BENCH_SETTINGS:
+        plan = _bench_plan(cases.rng, warmup, scale)
+        q = SimQueue(plan, warm_factor=WARM_FACTOR, flush_s=FLUSH_S, max_calls=20_000)
+        w = _Watch(q)
+        text = f"do_bench(fn, flush, make_event, sync, warmup={warmup}, min_time={min_time:g})"
         try:
-            with clock(q, getattr(event_time, "__globals__", {})):
-                got = event_time(q.fn, make_event, q.sync, warmup, repeats)
+            with clock(q, getattr(do_bench, "__globals__", {})):
+                got = do_bench(w.fn, w.flush, w.make_event, q.sync, warmup, min_time)
         except (NotImplementedError, CheckFailed):
             raise
         except RuntimeError as exc:
             if "completed" in str(exc) or "recorded" in str(exc):
-                raise CheckFailed(f"{text}: elapsed_time was read before the events had completed ({exc}); "
-                                  f"record the end event, then sync() (or end.synchronize()), then read "
-                                  f"start.elapsed_time(end)") from None
-            raise CheckFailed(f"{text} should return the median seconds per call; {_learner_error(exc)}") from exc
+                raise CheckFailed(f"{text}: elapsed_time was read before the events had completed ({exc}); record "
+                                  f"every pair, then sync() once, then read start.elapsed_time(end)") from None
+            raise CheckFailed(f"{text} should return (median, iqr) in seconds; {_learner_error(exc)}") from exc
         except Exception as exc:
-            raise CheckFailed(f"{text} should return the median seconds per call; {_learner_error(exc)}") from exc
-        got = as_number(got, text)
-        if records["n"] == 0:
-            fail(f"{text}: no event was recorded -- time each call between start.record() and end.record() and read "
-                 f"start.elapsed_time(end) (a stopwatch with sync() is exercise 1.1)")
-        if records["n"] < 2 * repeats:
-            fail(f"{text}: {records['n']} events recorded for {repeats} timed calls; record a start and an end event "
-                 f"around EACH call (one pair around all calls gives a mean, and outliers inflate it)")
-        _judge(got, text, q, plan, warmup, repeats, events=True)
-    return "events around each call, read after synchronising, the exact median in seconds, for two settings"
+            raise CheckFailed(f"{text} should return (median, iqr) in seconds; {_learner_error(exc)}") from exc
+        _judge_bench(got, text, w, warmup, min_time)
+    return ("events around each call, the flush outside them, after the warm-up, repeated to min_time; the median "
+            "and IQR in seconds, for two settings")
 
 
 def _boolean(got) -> None:

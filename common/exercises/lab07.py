@@ -1,10 +1,13 @@
-"""Checkers for lab 07 (collectives): all-reduce cost formulas, nccl-tests bus factors, the alpha/beta fit."""
+"""Checkers for lab 07 (collectives): all-reduce cost formulas, nccl-tests bus factors, a ring all-reduce built from
+point-to-point messages (run on threads under NCCL's rules, then on real ranks), the alpha/beta fit, the node-aware
+expert-parallel send counts."""
 from __future__ import annotations
 
 import math
 import random
 
-from common.core.checks import checker, expect, expect_close, fail
+from common.core.checks import CheckFailed, checker, expect, expect_close, fail
+from common.exercises import ring_messages as RM
 from common.exercises.cases import as_number, learner_call, replayable
 from common.parallel import collectives as C
 
@@ -112,6 +115,147 @@ def check_bus_factor(bus_factor, cases):
     return "all-reduce 2(p-1)/p; all-gather, reduce-scatter, all-to-all (p-1)/p; broadcast 1"
 
 
+# --------------------------------------------------------------------------------------------------------------
+# 7.3 ring all-reduce from isend/irecv
+
+
+def _ring_on_threads(ring_all_reduce, shape, p: int, timeout: float = 3.0):
+    """The learner's ring on p thread-ranks under NCCL's rules, on coded inputs: (outputs, returned, inputs, log)."""
+    import torch
+
+    from common.parallel.rendezvous import Hang, NotPointToPoint, Rendezvous, run_threads
+    xs = RM.encoded(shape, p)
+    mine = [x.clone() for x in xs]
+    where = f"ring_all_reduce(x [{tuple(shape)} float32], rank, world_size={p}, dist)"
+    wire = Rendezvous(p, timeout)
+
+    def rank(r, dist):
+        return learner_call(ring_all_reduce, (mine[r], r, p, dist), where.replace("rank,", f"rank={r},"),
+                            (C.ring_all_reduce,))
+    try:
+        returned, _ = run_threads(rank, p, timeout, wire)
+    except Hang:
+        fail(f"{where}: {_hang(wire, p, xs[0].numel())}")
+    except CheckFailed as exc:
+        cause = exc.__cause__
+        if isinstance(cause, Hang):
+            fail(f"{where}: {_hang(wire, p, xs[0].numel())}")
+        if isinstance(cause, NotPointToPoint):
+            fail(f"{where}: you called {str(cause).split(':')[0]}: this exercise builds the all-reduce itself, from "
+                 f"point-to-point messages (dist.isend / dist.irecv)")
+        if isinstance(cause, IndexError) and len(torch.chunk(torch.zeros(xs[0].numel()), p)) < p:
+            fail(f"{where}: your code raised IndexError: torch.chunk(x, {p}) gives only "
+                 f"{len(torch.chunk(torch.zeros(xs[0].numel()), p))} chunks of {xs[0].numel()} elements; "
+                 f"torch.tensor_split(x.view(-1), p) always gives p")
+        if cause is not None and "process group" in str(cause):
+            fail(f"{where}: {cause} -- use the `dist` your function is given (the checker's ranks are threads), "
+                 f"not torch.distributed imported in the notebook")
+        raise
+    return mine, returned, xs, wire.log
+
+
+def _hang(wire, p: int, n: int) -> str:
+    """Why the ranks wait on each other: a message matched with a receive of another size (a wrong chunk, read as
+    the messages are), or what each one's running batch still waits for."""
+    if wire.mismatch:
+        s, rv = wire.mismatch
+        problem = RM.read_messages(wire.log + [(s.rank, rv.rank, s.tensor.detach().clone(), None)], p, n,
+                                   complete=False)
+        return problem or (f"rank {s.rank} sent {s.tensor.numel()} elements where rank {rv.rank} posted a receive "
+                           f"of {rv.tensor.numel()}: the two ranks disagree on which chunk this step moves")
+    heads = {r: [op for b in stream if not b.done for op in b.ops if not op.done][:4]
+             for r, stream in wire.streams.items()}
+    pending = [op for ops in heads.values() for op in ops]
+    if pending and all(op.kind == "send" for op in pending):
+        return ("every rank is waiting to send and none has posted its receive: under NCCL a send completes only "
+                "once the receiver has posted the matching receive. Post each step's send and receive together, "
+                "dist.batch_isend_irecv([dist.P2POp(dist.isend, ...), dist.P2POp(dist.irecv, ...)]), and wait then")
+    for op in pending:
+        right, left = (op.rank + 1) % p, (op.rank - 1) % p
+        if p > 2 and ((op.kind == "recv" and op.peer == right) or (op.kind == "send" and op.peer == left)):
+            other = "receives from" if op.kind == "recv" else "sends to"
+            return (f"rank {op.rank} {other} rank {op.peer}, which does the same the other way: in a ring every "
+                    f"rank sends to rank + 1 and receives from rank - 1 (or all the other way round)")
+    return "the ranks wait on each other forever under NCCL's rules:\n" + wire.describe(0)
+
+
+def _ring_cases(rng):
+    # fixed: p = 4 and 10 elements (uneven chunks), 3 ranks, 5 elements over 4 ranks (torch.chunk gives 3 chunks), 2
+    # ranks and 1 element (an empty chunk), 5 ranks, a 2-D tensor, fewer elements than ranks, one rank; then random
+    cases = [(4, (10,)), (3, (7,)), (4, (5,)), (2, (1,)), (5, (23,)), (3, (4, 5)), (4, (3,)), (1, (6,))]
+    cases += [(rng.randint(2, 5), (rng.randint(1, 3000),)) for _ in range(3)]
+    return cases
+
+
+@checker("7.3", "ring all-reduce from isend/irecv", in_kernel="it runs the learner's function on ranks of its own: "
+                                                              "threads, then processes")
+@replayable
+def check_ring_all_reduce(ring_all_reduce, cases):
+    """ring_all_reduce(x, rank, world_size, dist) -> x summed over the ranks, in place, built from dist.isend /
+    dist.irecv / dist.batch_isend_irecv; run on threads with NCCL's rules, then on 3 real gloo ranks against
+    dist.all_reduce on random tensors of awkward sizes."""
+    import torch
+    for i, (p, shape) in enumerate(_ring_cases(cases.rng)):
+        what = f"ring_all_reduce on {p} ranks, x of shape {shape}" + cases.tag(i >= 8)
+        mine, returned, xs, log = _ring_on_threads(ring_all_reduce, shape, p)
+        right = RM.expected(shape, p)
+        for r in range(p):
+            if returned[r] is None:
+                fail(f"{what}: rank {r} returned None; return x (summed in place, as dist.all_reduce leaves it)")
+            if not torch.is_tensor(returned[r]) or tuple(returned[r].shape) != tuple(shape):
+                fail(f"{what}: rank {r} returned {type(returned[r]).__name__} "
+                     f"{tuple(getattr(returned[r], 'shape', ()))}; return x, the tensor you were given, summed")
+        if all(torch.equal(o, right) for o in mine):
+            problem = RM.read_messages(log, p, right.numel()) if p > 1 else None
+            if problem:
+                fail(f"{what}: the sums are right, but {problem}")
+            if any(not torch.equal(ret, right) for ret in returned):
+                fail(f"{what}: x holds the sum but what you returned does not: return x itself")
+            continue
+        if all(torch.equal(ret, right) for ret in returned):
+            fail(f"{what}: you returned the sum but left x as it was: reduce x in place (as dist.all_reduce does: "
+                 f"callers keep using x), e.g. work on views of x.view(-1), and return x")
+        if all(torch.allclose(o, right / p) for o in mine):
+            fail(f"{what}: every rank holds the sum divided by world_size = {p}: an all-reduce sums (averaging is "
+                 f"the caller's choice, as DDP divides by the world size itself)")
+        if all(torch.equal(o, x) for o, x in zip(mine, xs)) and p > 1:
+            fail(f"{what}: x is unchanged on every rank: write the received chunks into x (or add them to it)")
+        if p > 1:
+            problem = RM.read_messages(log, p, right.numel())
+            if problem:
+                fail(f"{what}: {problem}")
+            done = [RM.read_result(mine[r], right, p, r) for r in range(p)]
+            if all(d and "only" in d for d in done):
+                fail(f"{what}: {done[0]}: after the reduce-scatter each rank holds ONE complete chunk; the all-gather "
+                     f"phase (p-1 more steps, passing complete chunks on) is missing")
+            bad = next((d for d in done if d), None)
+            if bad:
+                fail(f"{what}: {bad}")
+        r = next(r for r in range(p) if not torch.equal(mine[r], right))
+        idx = int((mine[r] != right).reshape(-1).nonzero()[0])
+        fail(f"{what}: rank {r}'s x differs from the sum at element {idx}: {float(mine[r].reshape(-1)[idx])} "
+             f"instead of {float(right.reshape(-1)[idx])}")
+    err = _ring_on_ranks(ring_all_reduce)
+    expect(err <= 1e-5, f"on 3 gloo ranks your ring differs from dist.all_reduce by {err:.3g} (allowed 1e-5)")
+    return (f"right on {len(_ring_cases(cases.rng))} cases of 1-5 thread-ranks under NCCL's rules, every message the "
+            f"ring's; on 3 gloo processes within {err:.1e} of dist.all_reduce")
+
+
+def _ring_on_ranks(ring_all_reduce, world_size: int = 3) -> float:
+    """The learner's ring on real gloo ranks against dist.all_reduce: the worst absolute difference."""
+    from common.parallel.distributed import WorkerError, run_workers
+    try:
+        worker, args = C.ring_task(ring_all_reduce, (1, 2, 7, 1000, 4099), world_size, repeats=1)
+    except ValueError as exc:
+        fail(f"ring_all_reduce cannot be sent to the ranks: {exc}")
+    try:
+        return C.summarize_ring(run_workers(worker, world_size, args=args, backend="gloo", timeout=120),
+                                args[2])["max_abs_err"]
+    except WorkerError as exc:
+        fail(f"on real ranks your function raised {exc.exc_type or 'an error'}: {str(exc).splitlines()[0]}. The "
+             f"ranks run your function's own source, with torch and math: define what it uses inside it")
+
+
 def _synthetic(rng: random.Random, noise: float):
     p = rng.randint(2, 16)
     alpha = rng.uniform(1e-6, 50e-6)
@@ -130,7 +274,7 @@ def _absolute_fit(sizes, times, p):
     return x[0], 1 / x[1]
 
 
-@checker("7.3", "fit alpha and bandwidth by least squares")
+@checker("7.4", "fit alpha and bandwidth by least squares")
 @replayable
 def check_fit_alpha_beta(fit_alpha_beta, cases):
     """fit_alpha_beta(sizes_bytes, seconds, p) -> (alpha_s, bandwidth_Bps) of a ring all-reduce, relative least
@@ -185,7 +329,7 @@ def check_fit_alpha_beta(fit_alpha_beta, cases):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# 7.4 expert-parallel send counts (node-aware dispatch)
+# 7.5 expert-parallel send counts (node-aware dispatch)
 
 
 def _routing(seed: int, tokens: int, num_experts: int, k: int):
@@ -228,7 +372,7 @@ def _count_mistakes(indices, num_experts, world, g, rank):
     }
 
 
-@checker("7.4", "send counts of the node-aware expert-parallel dispatch")
+@checker("7.5", "send counts of the node-aware expert-parallel dispatch")
 @replayable
 def check_send_counts(send_counts, cases):
     """send_counts(indices, num_experts, world_size, ranks_per_node, rank) -> list of world_size ints: the rows this

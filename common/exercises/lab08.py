@@ -1,4 +1,5 @@
-"""Checkers for lab 08 (pipeline schedules and DualPipe): the 1F1B order, bubble formulas, DualPipe's stage pairs."""
+"""Checkers for lab 08 (pipeline schedules and DualPipe): the 1F1B order of one stage, and one DualPipe rank's order built
+from the eight steps' rules (against DeepSeek's, simulated, and planned under NCCL's rules)."""
 from __future__ import annotations
 
 from common.core.checks import checker, expect, expect_close, expect_equal, fail
@@ -70,99 +71,94 @@ def _check_one_f_one_b(one_f_one_b_order, rng):
             f"1F1B bubble (PP-1)(F+B)")
 
 
-def _bubble_reference(name, pp, F, B, W, FB):
-    return pipeline.bubble_formula(name, pp, pipeline.Durations(F, B, W, FB))
+# --------------------------------------------------------------------------------------------------------------
+# 8.2 one DualPipe rank's order, built from the schedule's rules
 
 
-@checker("8.2", "bubble per device by formula")
+def _tokens(pp, micro_batches, rank, mistake=None):
+    """One rank's DualPipe order in tokens, built from the eight steps' rules -- or with a known `mistake`."""
+    n, m = pp // 2, micro_batches // 2
+    h = rank if mistake == "h is the rank" else min(rank, pp - 1 - rank)
+    ops = ["F0"] * ((n - h - 1) * (1 if mistake == "warm-up once" else 2))
+    ops += ["F0", "F1"] * (h + 1)
+    ops += (["B1", "F1"] if mistake == "step 3 not zero-bubble" else ["Bi1", "W", "F1"]) * (n - h - 1)
+    for i in range(m - 2 * n + h + 1 + (mistake == "one main step more")):
+        split = i == 0 and h == n - 1 and mistake != "middle ranks overlap their first pair"
+        pair = ["F0", "B1"] if split or mistake == "no overlap" else ["F0&B1"]
+        ops += ["F1&B0"] + pair if mistake == "pairs swapped" else pair + ["F1&B0"]
+    ops += ["B1", "F1&B0"] * (n - h - 1)
+    last = ["B1", "B0"] * (h + 1)
+    cut = {"step 6 all zero-bubble": 0, "step 6 not zero-bubble": 2 * h + 2}.get(mistake, h + 1)
+    ops += last[:cut] + ["Bi" + t[1] for t in last[cut:]]
+    ops += (["Bi0", "W"] if mistake == "step 7 backward first" else ["W", "Bi0"]) * (n - h - 1)
+    if mistake != "queued weight passes never run":
+        ops += ["W"] * (sum(t.startswith("Bi") for t in ops) - ops.count("W"))
+    return ops
+
+
+MISTAKES = {
+    "h is the rank": "h is the rank's distance from the nearer end, min(rank, PP-1-rank): rank {r} has h = {h}",
+    "warm-up once": "step 1 runs (PP/2 - h - 1) x 2 forwards of the early chunk, not PP/2 - h - 1",
+    "step 3 not zero-bubble": "step 3 runs Bi1 (input gradients only), then W (the weight pass it queued), then F1 -- "
+                              "a zero-bubble backward, not a full B1",
+    "one main step more": "step 4 runs micro_batches/2 - PP + h + 1 rounds of F0&B1, F1&B0",
+    "middle ranks overlap their first pair": "the middle ranks (h = PP/2 - 1) split the FIRST pair of step 4 into F0 "
+                                             "then B1; every other pair overlaps",
+    "no overlap": "step 4 overlaps each forward with a backward of the other chunk: F0&B1, then F1&B0",
+    "pairs swapped": "each round of step 4 is F0&B1, then F1&B0",
+    "step 6 all zero-bubble": "step 6 alternates B1, B0 h + 1 times; only the LAST h + 1 of those backwards are "
+                              "zero-bubble (Bi)",
+    "step 6 not zero-bubble": "the last h + 1 backwards of step 6 are zero-bubble (Bi): their weight passes fill "
+                              "step 7",
+    "step 7 backward first": "step 7 runs a weight pass, THEN a zero-bubble backward of the early chunk: W, Bi0",
+    "queued weight passes never run": "step 8 runs a W for every weight pass still queued (one per Bi not yet "
+                                      "followed by its W)",
+}
+
+
+def _dualpipe_cases(rng):
+    # fixed: PP = 4 and 8 (all ranks: edges, middles, the second half), PP = 2 (no warm-up or zero-bubble steps),
+    # PP = 6 (h = 0, 1, 2), the fewest micro-batches (2 PP) and more; then random even PP and micro-batch counts
+    cases = [(4, 8), (8, 20), (2, 4), (6, 12), (8, 16), (4, 14)]
+    for _ in range(3):
+        pp = 2 * rng.randint(1, 6)
+        cases.append((pp, 2 * pp + 2 * rng.randint(0, 6)))
+    return cases
+
+
+@checker("8.2", "one DualPipe rank's order, from the schedule's rules")
 @replayable
-def check_bubble(bubble, cases):
-    """bubble(schedule, pp, F, B, W, FB) -> idle time per device for "gpipe", "1f1b", "zb1p", "dualpipe"."""
-    return _check_bubble(bubble, cases.rng)
-
-
-def _check_bubble(bubble, rng):
-    # fixed: asymmetric timings first (with F=1, B=2, W=1 the ZB1P bubble equals (PP-1)F and (PP-1)W, which hides
-    # mistakes), every schedule at two PP values, F&B different from F+B, and the PP=2 edge (DualPipe: no ramp)
-    cases = [("1f1b", 6, 1.5, 2.7, 0.9, 3.6), ("zb1p", 6, 1.5, 2.7, 0.9, 3.6), ("dualpipe", 6, 1.5, 2.7, 0.9, 3.6),
-             ("gpipe", 5, 1.5, 2.7, 0.9, 3.6),
-             ("1f1b", 8, 1.0, 2.0, 1.0, 2.5), ("zb1p", 8, 1.0, 2.0, 1.0, 2.5), ("dualpipe", 8, 1.0, 2.0, 1.0, 2.5),
-             ("gpipe", 4, 1.0, 2.0, 1.0, 2.5), ("dualpipe", 16, 0.8, 1.9, 0.5, 2.2), ("dualpipe", 2, 1.0, 2.0, 1.0, 2.5),
-             ("1f1b", 1, 1.0, 2.0, 1.0, 2.5)]
-    for _ in range(8):
-        pp = 2 * rng.randint(1, 16)
-        F = round(rng.uniform(0.5, 3), 3)
-        B = round(rng.uniform(1.2, 2.5) * F, 3)
-        W = round(rng.uniform(0.2, 0.45) * B, 3)
-        FB = round(rng.uniform(max(F, B), F + B), 3)
-        cases.append((rng.choice(pipeline.SCHEDULES), pp, F, B, W, FB))
-    for name, pp, F, B, W, FB in cases:
-        expected = _bubble_reference(name, pp, F, B, W, FB)
-        what = f"bubble({name!r}, pp={pp}, F={F}, B={B}, W={W}, FB={FB})"
-        got = as_number(learner_call(bubble, (name, pp, F, B, W, FB), what, (pipeline.bubble_formula,)), what,
-                        "a number (the idle time per device)")
-        if name == "dualpipe" and abs(got - (pp // 2 - 1) * (F + B + B - 3 * W)) < 1e-9 and abs(FB - F - B) > 1e-9 \
-                and pp > 2:
-            fail(f"{what} = {got:.6g}: that uses F + B for the overlapped pair; DualPipe's formula uses F&B (FB = {FB}), "
-                 f"the time of a forward and a backward run together: (PP/2-1)(F&B+B-3W)")
-        if name == "dualpipe" and abs(got - (pp // 2 - 1) * (FB + B - 2 * W)) < 1e-9 and pp > 2:
-            fail(f"{what} = {got:.6g}: DualPipe subtracts 3W per ramp step, not 2W (that is ZB1P's): (PP/2-1)(F&B+B-3W)")
-        if name == "zb1p" and pp > 1 and abs(got - (pp - 1) * (F + B)) < 1e-9:
-            fail(f"{what} = {got:.6g}: that is 1F1B's bubble; ZB1P fills the ramp with weight passes: (PP-1)(F+B-2W)")
-        if name == "dualpipe" and abs(got - (pp - 1) * (FB + B - 3 * W)) < 1e-9 and pp > 2:
-            fail(f"{what} = {got:g}: DualPipe's bubble has PP/2 - 1 stages of ramp, not PP - 1 (each rank holds "
-                 f"two stages and the pipeline is fed from both ends)")
-        if name == "zb1p" and pp > 1 and abs(got - (pp - 1) * (F + B - W)) < 1e-9:
-            fail(f"{what} = {got:g}: ZB1P removes 2W per stage, not W (the weight passes fill both the warm-up "
-                 f"and the cool-down gaps): (PP-1)(F+B-2W)")
-        if name in ("1f1b", "gpipe") and pp > 1 and abs(got - (pp - 1) * (F + B) / pp) < 1e-9:
-            fail(f"{what} = {got:g}: that divides by PP; the formula is the idle time of one device, (PP-1)(F+B)")
-        expect_close(got, expected, what, rtol=1e-9)
-    return f"right for {len(cases)} schedules and timings (e.g. 1F1B, PP=8, F=1, B=2: {_bubble_reference('1f1b', 8, 1.0, 2.0, 1.0, 2.5):g})"
-
-
-@checker("8.3", "pair stages for DualPipe")
-@replayable
-def check_dualpipe_pairs(dualpipe_pairs, cases):
-    """dualpipe_pairs(pp) -> [(stage of the forward-direction pipeline, stage of the reverse one) for each rank];
-    ValueError for an odd pp."""
-    return _check_dualpipe_pairs(dualpipe_pairs, cases.rng)
-
-
-def _check_dualpipe_pairs(dualpipe_pairs, rng):
-    sizes = [4, 8, 2, 6] + [2 * rng.randint(3, 32) for _ in range(4)]
-    for pp in sizes:
-        what = f"dualpipe_pairs({pp})"
-        got = learner_call(dualpipe_pairs, (pp,), what, (pipeline.dualpipe_stages,))
-        expect(isinstance(got, (list, tuple)) and len(got) == pp,
-               f"{what}: expected a list of one pair per rank ({pp} pairs), got "
-               f"{got!r}" if not isinstance(got, (list, tuple)) else f"{what}: expected one pair per rank ({pp} "
-               f"pairs), got {len(got)}")
-        bad = [p for p in got if not (isinstance(p, (list, tuple)) and len(p) == 2)]
-        if bad:
-            fail(f"{what}: each rank's entry must be a pair (forward stage, reverse stage); got {bad[0]!r}")
-        got = [tuple(p) for p in got]
-        fwd = [p[0] for p in got]
-        rev = [p[1] for p in got]
-        if fwd == rev:
-            fail(f"{what}: rank r holds the same stage r of both pipelines, so both are fed at rank 0 and run in "
-                 f"the same direction -- the reverse pipeline must start at rank pp-1 (stage pp-1-r on rank r)")
-        expect(sorted(fwd) == list(range(pp)) and sorted(rev) == list(range(pp)),
-               f"{what}: each direction must place its stages 0..{pp - 1} on distinct ranks; got forward {fwd[:8]}, "
-               f"reverse {rev[:8]}")
-        expect(fwd[0] == 0 and rev[-1] == 0,
-               f"{what}: forward micro-batches enter at rank 0 (its stage 0) and reverse ones at rank pp-1; got "
-               f"rank 0 -> {got[0]}, rank {pp - 1} -> {got[-1]}")
-        expect_equal(got, [(r, pp - 1 - r) for r in range(pp)], what)
-    for odd in (3, 1, 2 * rng.randint(2, 20) + 1):
-        try:
-            dualpipe_pairs(odd)
-        except ValueError:
-            continue
-        except Exception as exc:  # an assert or a RuntimeError where ValueError is asked for
-            fail(f"dualpipe_pairs({odd}) raised {type(exc).__name__}: {exc}; expected ValueError (the error for a bad "
-                 f"argument value), naming pp and saying it must be even")
-        fail(f"dualpipe_pairs({odd}) returned instead of raising ValueError: with an odd PP the middle rank would hold "
-             f"stage {odd // 2} of both pipelines, so DualPipe needs an even PP")
-    return (f"right for {len(sizes)} even PP values (rank r holds stages r and PP-1-r), and odd PP (1, 3 and another) "
-            f"raises ValueError")
+def check_dualpipe_ops(dualpipe_ops, cases):
+    """dualpipe_ops(pp, micro_batches, rank) -> the rank's ops as tokens ("F0", "B1", "Bi1", "W", "F0&B1", ...) in
+    DeepSeek's order; the whole schedule built from it simulated, and planned under NCCL's rules."""
+    from common.parallel.pipeline_run import plan
+    for i, (pp, m) in enumerate(_dualpipe_cases(cases.rng)):
+        for r in range(pp):
+            what = f"dualpipe_ops(pp={pp}, micro_batches={m}, rank={r})" + cases.tag(i >= 6)
+            got = learner_call(dualpipe_ops, (pp, m, r), what, (pipeline.dualpipe, pipeline.dualpipe_tokens))
+            expect(isinstance(got, (list, tuple)) and all(isinstance(t, str) for t in got),
+                   f"{what} returned {type(got).__name__} {got!r:.100}; return a list of tokens such as 'F0', 'B1', "
+                   f"'Bi1', 'W', 'F0&B1'")
+            unknown = [t for t in got if t not in pipeline.TOKENS]
+            if unknown:
+                fail(f"{what}: {unknown[0]!r} is not a token; allowed: {', '.join(pipeline.TOKENS)}")
+            got, want = list(got), pipeline.dualpipe_tokens(pp, m, r)
+            if got == want:
+                continue
+            h = min(r, pp - 1 - r)
+            k = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            starts = pipeline.steps_of(pp, m, r)
+            step = max(s for s in range(1, 9) if starts[s - 1] <= min(k, len(want) - 1))
+            named = [name for name in MISTAKES if _tokens(pp, m, r, name) == got]
+            why = MISTAKES[named[0]].format(r=r, h=h) if named else f"step {step}: {pipeline.STEPS[step]}"
+            here = (f"op {k} is {got[k]!r} where DeepSeek's order runs {want[k]!r}" if k < min(len(got), len(want))
+                    else f"{len(got)} ops where DeepSeek's order has {len(want)}")
+            fail(f"{what}: {here} (in its step {step}, h = {h}, PP/2 = {pp // 2}): {why}")
+    pp, m = 8, 20
+    mine = pipeline.schedule_from(dualpipe_ops, pp, m)
+    sim, ref = pipeline.simulate(mine), pipeline.run("dualpipe", pp, m)
+    expect(sim.bubble_max == ref.bubble_max, f"your schedule at PP = {pp} idles {sim.bubble_max:g} on its worst "
+                                             f"rank, DeepSeek's {ref.bubble_max:g}")
+    plan.make(mine)  # the point-to-point plan under NCCL's rules
+    return (f"DeepSeek's order on every rank of {len(_dualpipe_cases(cases.rng))} (PP, micro-batches) cases; the whole "
+            f"schedule simulates as DeepSeek's and plans under NCCL's rules")

@@ -1,44 +1,45 @@
 """Run a torch.distributed worker on processes of this machine, get each rank's result, leave nothing behind:
 `run_workers(worker, 2, args=(...,), backend="gloo", timeout=120)` is [rank 0's result, rank 1's], `.output` what
 each printed; `worker(rank, world_size, *args)` is a top-level function of an importable module, arguments and result
-pickle (a script calling this needs `if __name__ == "__main__":`). `tasks_worker` runs several (worker, args) in ONE
-group; `start_rank_server(*modules)` starts the ranks' fork server ahead, in the background, with what the
-workers import. Several machines: `common.parallel.torchrun`. Torch launches: `torch.multiprocessing.start_processes` forks
-the ranks from multiprocessing's fork server (it imports torch once: a rank starts in milliseconds) and
-`ProcessContext.join` sees one fail. Added, what torch lacks: results and the first failure (exception, traceback,
-output) through a `TCPStore` the parent opens on port 0, reported before `destroy_process_group`; `PR_SET_PDEATHSIG`
-with SIGKILL (torch asks for SIGINT, which a rank blocked in a collective never handles): a killed kernel, and so its
-fork server, leaves no rank; each rank leads a process group, so its children (compile, DataLoader workers) die with
-it and a terminal's Ctrl-C reaches only the parent; a time limit. Whatever the way out, every group is killed and
-waited for before `run_workers` returns."""
+pickle (a script calling this needs `if __name__ == "__main__":`, checked). `tasks_worker` runs several (worker,
+args) in ONE group; `start_rank_server(*modules)` starts the ranks' fork server ahead, with what the workers import;
+pass a `Launch()` to see the port, pids and folder a run used. Several machines: `common.parallel.torchrun`.
+Torch launches: `torch.multiprocessing.start_processes` forks the ranks from multiprocessing's fork server (it imports
+torch once: a rank starts in milliseconds) and `ProcessContext.join` sees one fail. Added, what torch lacks: results
+and the first failure through a `TCPStore` the parent opens on port 0 (`rank_failures` words it); `PR_SET_PDEATHSIG`
+with SIGKILL, so a killed kernel leaves no rank; each rank leads a process group, so its children die with it and a
+terminal's Ctrl-C reaches only the parent; a time limit; one folder per launch for logs and the ranks' temporary
+files (`processes`). Whatever the way out, every group is killed and waited for, and the folder removed."""
 from __future__ import annotations
 
 import contextlib
 import datetime
 import os
 import pickle
+import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
+from dataclasses import dataclass, field
 from multiprocessing import forkserver
-from pathlib import Path
 from typing import Callable, Sequence
 
 from common.core.validate import number
-from common.parallel.ranks import check_backend, check_world_size, context, synchronize, worker_device  # noqa: F401
+from common.parallel import processes
+from common.parallel.rank_failures import WorkerError, check_main_guard, failure, read_log  # noqa: F401
+from common.parallel.ranks import check_backend, check_world_size, synchronize, worker_device  # noqa: F401
 
 HOST = "127.0.0.1"
-last_run: dict = {}  # the latest run in this process: port, pids (for checks that nothing is left)
 
 
-class WorkerError(RuntimeError):
-    """A worker failed; `rank`, `exc_type`, `worker_traceback` and `output` (what it printed) say where and how."""
-    def __init__(self, message: str, rank: int, exc_type: str = "", worker_traceback: str = "", output: str = ""):
-        super().__init__(message)
-        self.rank, self.exc_type, self.worker_traceback, self.output = rank, exc_type, worker_traceback, output
+@dataclass
+class Launch:
+    """What one `run_workers` call used, for a caller that checks that nothing is left: port, pids, folder."""
+    port: int = 0
+    pids: list = field(default_factory=list)
+    folder: str = ""
 
 
 class Results(list):
@@ -55,7 +56,7 @@ def tasks_worker(rank: int, world_size: int, tasks: Sequence) -> list:
     return out
 
 
-def _entry(rank, world_size, backend, port, timeout, payload: bytes, logs: str, environ: dict) -> None:
+def _entry(rank, world_size, backend, port, timeout, payload: bytes, folder: str, environ: dict) -> None:
     """One rank (torch's wrapper calls it): report ("ok", value) or ("error", ...) under result/<rank>."""
     import torch
     import torch.distributed as dist
@@ -65,18 +66,20 @@ def _entry(rank, world_size, backend, port, timeout, payload: bytes, logs: str, 
     forkserver._forkserver._forkserver_alive_fd = None
     os.setpgid(0, 0)
     os.environ.clear(), os.environ.update(environ)  # the parent's now, not the fork server's when it started
-    log = os.open(os.path.join(logs, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    processes.use_run_dir(folder)
+    log = os.open(os.path.join(folder, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(log, 1), os.dup2(log, 2)
     sys.stdout.reconfigure(line_buffering=True)
     store = dist.TCPStore(HOST, port, is_master=False, timeout=datetime.timedelta(seconds=timeout))
     try:
         worker, args = pickle.loads(payload)
-        context.update(rank=rank, world_size=world_size, backend=backend)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        device = None
         if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
+            device = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(device)
         dist.init_process_group(backend, store=dist.PrefixStore("pg/", store), rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout))
+                                timeout=datetime.timedelta(seconds=timeout), device_id=device)
         value = pickle.dumps(("ok", worker(rank, world_size, *args)))
         sys.stdout.flush()
         store.set(f"result/{rank}", value)
@@ -104,50 +107,6 @@ def _payload(worker: Callable, args: Sequence) -> bytes:
         raise ValueError(f"worker {name!r} and its args must pickle: {type(exc).__name__}: {exc}") from None
 
 
-def _read(logs: str, rank: int) -> str:
-    path = Path(logs, f"rank{rank}.log")
-    return path.read_bytes().decode(errors="replace") if path.exists() else ""
-
-
-def _failure(store, logs: str, world_size: int, exc) -> WorkerError:
-    """The first rank that reported an error (its peers then fail on a lost connection), or the one that died."""
-    reports = [pickle.loads(store.get(f"result/{r}")) if store.check([f"result/{r}"]) else ("", None)
-               for r in range(world_size)]
-    errors = {r: info for r, (status, info) in enumerate(reports) if status == "error"}
-    r = min(errors, key=lambda k: errors[k][4]) if errors else getattr(exc, "error_index", 0)
-    etype, message, tb, blob, _ = errors.get(r, ("", "", "", None, 0))
-    how = f"was killed by {exc.signal_name}" if getattr(exc, "signal_name", None) else \
-        f"exited with code {getattr(exc, 'exit_code', 0)}"
-    text = (f"rank {r} of {world_size} raised {etype}: {message}\n--- traceback in rank {r} ---\n{tb.rstrip()}"
-            if errors else f"rank {r} of {world_size} {how} without reporting a result (out of memory? killed?)")
-    out = _read(logs, r)
-    err = WorkerError(text + (f"\n--- last output of rank {r} ---\n{out[-2000:].strip()}" if out.strip() else ""),
-                      r, etype, tb, out)
-    with contextlib.suppress(Exception):  # the exception's class may not import here: the text says it all
-        err.__cause__ = pickle.loads(blob) if blob else None
-    return err
-
-
-def _kill(ctx) -> None:
-    """SIGKILL every worker's process group (the worker and its children, orphaned ones too) and the worker; join
-    them, and wait (10 s at most) until no member of those groups is alive -- a zombie is not."""
-    import psutil
-    groups, deadline = [p.pid for p in ctx.processes] if ctx else [], time.monotonic() + 10
-    for p in ctx.processes if ctx else ():
-        for kill in (os.killpg, os.kill):
-            with contextlib.suppress(OSError):  # no such group (not made yet) or process (gone already)
-                kill(p.pid, signal.SIGKILL)
-        p.join(10)
-    while time.monotonic() < deadline and any(_member(q, groups) for q in psutil.process_iter(["status"])):
-        time.sleep(0.01)
-
-
-def _member(proc, groups: list) -> bool:
-    with contextlib.suppress(Exception):  # gone meanwhile, or not ours to look at
-        return proc.info["status"] != "zombie" and os.getpgid(proc.pid) in groups
-    return False
-
-
 def start_rank_server(*modules: str) -> bool:
     """Start the fork server that `run_workers` forks its ranks from, now and in the background: it imports
     torch.distributed and `modules` (those the workers will import, seconds of CPU each) while this process goes on,
@@ -162,35 +121,38 @@ def start_rank_server(*modules: str) -> bool:
     with contextlib.suppress(psutil.NoSuchProcess):
         if pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
             return False
+    processes.server_dir()
     forkserver.set_forkserver_preload(["torch.distributed", __name__, *modules])
     forkserver.ensure_running()  # spawns the server and returns; the server imports before it takes a request
     return True
 
 
 def run_workers(worker: Callable, world_size: int, args: Sequence = (), backend: str | None = None,
-                timeout: float = 120) -> Results:
+                timeout: float = 120, launch: Launch | None = None) -> Results:
     """Run `worker(rank, world_size, *args)` on `world_size` processes of one process group; results by rank.
     backend: None picks NCCL on GPUs, gloo on a CPU. timeout: seconds for the whole run. Raises ValueError (before
     any process starts) for what this machine cannot run, WorkerError when a rank fails, TimeoutError past `timeout`;
-    in every case no process is left."""
+    in every case no process and no folder of the run is left."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
     backend = check_backend(backend)
     check_world_size(world_size, backend)
     number("timeout", timeout, meaning="seconds")
     payload = _payload(worker, args)
+    check_main_guard()
+    launch = launch if launch is not None else Launch()
     store = dist.TCPStore(HOST, 0, None, True, timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
-    logs = tempfile.TemporaryDirectory(prefix="workbook-ranks-")
+    launch.port, launch.folder = store.port, processes.run_dir()
     ctx, held = None, []  # an interrupt while the ranks start would leave them without a handle: hold it till then
     hold = threading.current_thread() is threading.main_thread() and callable(signal.getsignal(signal.SIGINT))
     try:
         previous = signal.signal(signal.SIGINT, lambda *a: held.append(a)) if hold else None
         try:
             start_rank_server()  # if none runs yet (or it died): one that imports torch.distributed
-            ctx = mp.start_processes(_entry, args=(world_size, backend, store.port, timeout, payload, logs.name,
+            ctx = mp.start_processes(_entry, args=(world_size, backend, store.port, timeout, payload, launch.folder,
                                                    dict(os.environ)), nprocs=world_size, join=False,
                                      start_method="forkserver")
-            last_run.update(port=store.port, pids=ctx.pids())
+            launch.pids = ctx.pids()
         finally:
             if hold:
                 signal.signal(signal.SIGINT, previous)
@@ -201,19 +163,19 @@ def run_workers(worker: Callable, world_size: int, args: Sequence = (), backend:
             try:
                 exited = ctx.join(timeout=0.05, grace_period=0.5)
             except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-                raise _failure(store, logs.name, world_size, exc)
+                raise failure(store, launch.folder, world_size, exc)
             if exited and not store.check(keys):  # exit code 0 without a word: an interrupt torch's wrapper swallowed
-                raise _failure(store, logs.name, world_size, None)
+                raise failure(store, launch.folder, world_size, None)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"run_workers: {world_size} ranks did not finish within timeout={timeout:g} s "
                                    f"(a rank waiting in a collective its peers never called?); all were stopped")
         reports = [pickle.loads(store.get(k)) for k in keys]
         if any(status != "ok" for status, _ in reports):
-            raise _failure(store, logs.name, world_size, None)
+            raise failure(store, launch.folder, world_size, None)
         out = Results(value for _, value in reports)
-        out.output = [_read(logs.name, r) for r in range(world_size)]
+        out.output = [read_log(launch.folder, r) for r in range(world_size)]
         return out
     finally:
-        _kill(ctx)
+        processes.kill(ctx)
         del store  # closes the port
-        logs.cleanup()
+        shutil.rmtree(launch.folder, ignore_errors=True)

@@ -1,33 +1,43 @@
 """Past one machine: the labs' workers under torch's own launcher, `torchrun` (`torch.distributed.run`, elastic).
 
 Four entry points run the same worker functions the notebooks run with `common.parallel.distributed.run_workers`, and
-write the same ledger names on rank 0 (`common.core.results`, to $WORKBOOK_RESULTS or build/interactive/):
+write the same ledger names on rank 0 (`common.core.results`, to $WORKBOOK_RESULTS or build/interactive/ on rank 0's
+machine; the report says where):
 
     torchrun --nnodes N --nproc-per-node G -m common.parallel.collectives      # lab 07: sweep, alpha-beta fit
     torchrun --nnodes N --nproc-per-node G -m common.parallel.expert_parallel  # lab 07: EP dispatch and combine
     torchrun --nnodes N --nproc-per-node G -m common.parallel.pipeline_run     # lab 08: schedules on real ranks
     torchrun --nnodes N --nproc-per-node G -m common.parallel.ddp_overlap      # lab 08: DDP overlap
 
-with `--rdzv-backend c10d --rdzv-endpoint HOST:PORT` on several nodes (the same command on each, HOST one node's
-address), or `--standalone` on one; each takes `--backend gloo|nccl` (default: NCCL on GPUs) and `--help`.
-`command(...)` writes such a command; `world_size()` reads the job's size (before the arguments are checked);
-`init_from_env` joins the group torchrun describes; `main` runs a worker on every rank, gathers the results on rank 0
-and hands them to a `report` that prints and records.
+with `--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID` on several nodes (the same command on each, HOST
+one node's address, ID the same on every node and new for every job), or `--standalone` on one; each takes
+`--backend gloo|nccl` (default: NCCL on GPUs) and `--help` (printed by rank 0 only). Network interfaces and
+InfiniBand adapters: docs/multi_machine.md. `command(...)` writes such a command; `world_size()` reads the job's size;
+`parse(parser)` reads the arguments (rank 0 alone speaks); `init_from_env` joins the group torchrun describes (NCCL:
+with `device_id`, this rank's GPU); `main` runs a worker on every rank, gathers the results on rank 0 and hands them
+to a `report` that prints and records.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
+import socket
+import sys
+import uuid
 from typing import Callable, Sequence
 
 from common.core.validate import whole
-from common.parallel.ranks import BACKENDS, check_backend, context
+from common.parallel.ranks import BACKENDS, check_backend
 
 
 def command(target: str, nproc_per_node: int, nnodes: int = 1, rdzv_endpoint: str = "HOST:29500",
-            module: bool = True, script_args: Sequence[str] = ()) -> str:
+            module: bool = True, script_args: Sequence[str] = (), rdzv_id: str | None = None) -> str:
     """The torchrun command that runs `target` (a module such as "common.parallel.collectives", or a script) with
-    `nproc_per_node` processes on each of `nnodes` machines. One node: `--standalone`."""
+    `nproc_per_node` processes on each of `nnodes` machines. One node: `--standalone`. Several: a c10d rendezvous
+    at `rdzv_endpoint` under `rdzv_id` -- the same on every node of a job, a fresh one for each job (a new random
+    id when None): agents of an earlier job that share an id would join this one."""
     whole("nproc_per_node", nproc_per_node, meaning="processes per node, one per GPU")
     whole("nnodes", nnodes, meaning="machines")
     parts = ["torchrun"]
@@ -35,7 +45,7 @@ def command(target: str, nproc_per_node: int, nnodes: int = 1, rdzv_endpoint: st
         parts.append("--standalone")
     else:
         parts += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-                  "--rdzv-id=workbook"]
+                  f"--rdzv-id={rdzv_id or 'workbook-' + uuid.uuid4().hex[:12]}"]
     parts += [f"--nproc-per-node={nproc_per_node}"] + (["-m"] if module else []) + [target] + list(script_args)
     return " ".join(parts)
 
@@ -49,26 +59,34 @@ def init_from_env(backend: str | None = None) -> tuple[int, int]:
         raise RuntimeError(f"init_from_env: {', '.join(missing)} not set -- launch this with torchrun (see "
                            f"common.parallel.torchrun.command), or use run_workers on one machine")
     backend = check_backend(backend)
+    device = None
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend, init_method="env://")
-    context.update(rank=dist.get_rank(), world_size=dist.get_world_size(), backend=backend)
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method="env://", device_id=device)
     return dist.get_rank(), dist.get_world_size()
 
 
 def world_size() -> int:
-    """WORLD_SIZE of this torchrun job. From now on `check_world_size` holds this node's ranks (LOCAL_WORLD_SIZE),
-    not the whole world, to the machine's limit: the other nodes bring their own GPUs."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    context["per_node"] = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    return world
+    """WORLD_SIZE of this torchrun job (`check_world_size` holds this node's ranks, LOCAL_WORLD_SIZE, to the
+    machine's limit: the other nodes bring their own GPUs)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def parser(description: str) -> argparse.ArgumentParser:
-    """An argument parser with the option every entry point has: --backend."""
-    ap = argparse.ArgumentParser(description=description + " (run under torchrun; see common.parallel.torchrun)")
+def parser(description: str, module: str) -> argparse.ArgumentParser:
+    """An argument parser for the entry point `module`, with the option every entry point has: --backend."""
+    ap = argparse.ArgumentParser(prog=f"torchrun [--nnodes N --nproc-per-node G ...] -m {module}",
+                                 description=description + " (run under torchrun; see common.parallel.torchrun)")
     ap.add_argument("--backend", default=None, choices=BACKENDS, help="default: nccl on GPUs, else gloo")
     return ap
+
+
+def parse(ap: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """`ap.parse_args(argv)`, with rank 0 alone printing --help or an argument error (every rank exits the same)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        return ap.parse_args(argv)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return ap.parse_args(argv)
 
 
 def main(lab: str, worker: Callable, args: Sequence, report: Callable, backend: str | None = None) -> None:
@@ -84,6 +102,8 @@ def main(lab: str, worker: Callable, args: Sequence, report: Callable, backend: 
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
         if rank == 0:
+            from common.core import results
             report(gathered)
+            print(f"results of rank 0 written to {results.ledger_path()} on {socket.gethostname()}", flush=True)
     finally:
         dist.destroy_process_group()

@@ -23,11 +23,11 @@ from pathlib import Path
 
 from common.core.grading.report import class_summary, read_roster, summary_markdown, summary_table, write_csv
 from common.core.grading.sandbox import INSTALL_HINT, Limits, unavailable
-from common.core.grading.session import dumps_notebook, grade_one
+from common.core.grading.session import GraderError, dumps_notebook, grade_one
 
 LAB_RE = re.compile(r"^(\d\d)_")
 
-__all__ = ["grade", "grade_notebook", "lab_number", "exercises_of", "find_notebooks", "unmatched_files", "Limits",
+__all__ = ["GraderError", "grade", "grade_notebook", "lab_number", "exercises_of", "find_notebooks", "unmatched_files", "Limits",
            "SandboxUnavailable", "summary_table", "class_summary", "read_roster"]
 
 

@@ -86,6 +86,15 @@ def write_back(orig, new) -> None:
     if isinstance(orig, tuple) and isinstance(new, tuple) and len(orig) == len(new):
         for o, n in zip(orig, new):
             write_back(o, n)
+        return
+    import dataclasses
+    if dataclasses.is_dataclass(orig) and type(new) is type(orig) and not orig.__dataclass_params__.frozen:
+        for f in dataclasses.fields(orig):       # a mutable dataclass of `common` (a cache's state): field by field
+            o, n = getattr(orig, f.name), getattr(new, f.name)
+            if _replaceable(o, n):
+                setattr(orig, f.name, n)
+            else:
+                write_back(o, n)
 
 
 def _replaceable(o, n) -> bool:

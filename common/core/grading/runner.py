@@ -119,6 +119,9 @@ class Relay:
                 await self.writer.drain()
 
 
+NO_KERNEL = "the grader could not connect to the kernel"  # the grader stops on it: nothing can be graded
+
+
 async def run(start: dict, rest: bytes = b"") -> None:
     import nbformat
     cell_timeout = float(start["cell_timeout"])
@@ -138,7 +141,7 @@ async def run(start: dict, rest: bytes = b"") -> None:
             f"import common.exercises.remote as _grading\n_grading.install({channel!r})\ndel _grading",
             silent=True, store_history=False))
         if not reply or reply["content"].get("status") != "ok":
-            note = "the grader could not connect to the kernel"
+            note = NO_KERNEL
         for index, cell in enumerate(nb.cells if not note else []):
             if cell.cell_type != "code":
                 continue

@@ -22,12 +22,17 @@ from common.core import checks
 from common.core.grading import codec
 from common.core.grading.channel import MAX_LINE, ChannelClosed, Endpoint, JudgeTimeout, dumps, loads
 from common.core.grading.remote import RemoteFunction
-from common.core.grading.runner import cap_outputs, skip_slow_imports
+from common.core.grading.runner import NO_KERNEL, cap_outputs, skip_slow_imports
 from common.core.grading.sandbox import Limits, Sandbox, limits_json
 
 GRADER, KERNEL = "grader", "learner's kernel"
 MAX_NOTEBOOK_BYTES = 50 << 20  # a submitted file larger than this is not run
 MAX_STREAM_BYTES = 256 << 20  # all a sandbox may send; past it the sandbox is stopped
+
+
+class GraderError(RuntimeError):
+    """The grader could not run notebooks here at all (the sandboxed interpreter or kernel did not start): reported
+    once, with the sandbox's own error output, instead of "not checked" for every exercise of every notebook."""
 
 
 class CellEnded(JudgeTimeout):
@@ -61,6 +66,7 @@ class Run:
         self.current: int | None = None
         self.note = ""
         self.done = False
+        self.heard = False  # any event from the runner inside the sandbox
         self.judging = False
         self.inbox: queue.Queue = queue.Queue()
         self.endpoint: Endpoint | None = None
@@ -115,6 +121,7 @@ class Run:
     def on_event(self, msg: dict) -> None:
         ev = msg.get("ev")
         index = msg.get("index")
+        self.heard = self.heard or ev in ("cell_start", "cell", "end")
         if ev == "cell_start" and isinstance(index, int):
             self.started.add(index)
             self.current = index
@@ -188,8 +195,10 @@ class Run:
     def drive(self, proc, channel: str = "") -> None:
         """Send the notebook, then answer the sandbox until it ends, dies or runs out of time."""
         threading.Thread(target=self.reader, args=(proc.stdout,), daemon=True).start()
+        drainer = None
         if proc.stderr is not None:
-            threading.Thread(target=self.drain, args=(proc.stderr,), daemon=True).start()
+            drainer = threading.Thread(target=self.drain, args=(proc.stderr,), daemon=True)
+            drainer.start()
         send_lock = threading.Lock()
 
         def send(msg):
@@ -209,6 +218,8 @@ class Run:
         except (ChannelClosed, BrokenPipeError, OSError):
             if not self.done:
                 self.note = self.note or "the sandbox ended before the notebook did"
+                if drainer is not None:  # it ended: its last words are on their way (the grader may report them)
+                    drainer.join(timeout=5)
 
     def executed_notebook(self):
         """The learner's notebook with the outputs the sandbox reported (capped again here), sources untouched."""
@@ -311,11 +322,16 @@ def grade_one(path: Path, expected: dict[str, str], cell_timeout: float, noteboo
                        HOME=tmp, TMPDIR=tmp)
             env.update({k: f"{tmp}/{k.lower()}" for k in ("JUPYTER_RUNTIME_DIR", "MPLCONFIGDIR", "IPYTHONDIR")})
             proc = subprocess.Popen(argv, cwd=tmp, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+                                    stderr=subprocess.PIPE, start_new_session=True)
             try:
                 run.drive(proc, channel=f"{tmp}/grade.sock")
             finally:
                 _kill_tree(proc)
+    if not run.started and (not run.heard or run.note == NO_KERNEL):
+        said = run.stderr.decode(errors="replace").strip()[-1500:] or "(nothing on stderr)"
+        raise GraderError(f"the grader could not start a notebook's kernel{' in its sandbox' if sandboxed else ''} "
+                          f"({run.note or 'it ended before the runner said anything'}); nothing was graded. It said:"
+                          f"\n{said}")
     return {"records": run.records(), "note": run.note, "notebook": run.executed_notebook()}
 
 

@@ -2,7 +2,8 @@
 One namespace for the labs (`from common.parallel import collectives`), one module per concern behind it:
 `cost_model` (the formulas below and bus factors), `links` (datasheet and measured link bandwidths), `scenarios`
 (DeepSeek-V3's collectives sized), `fit` (alpha and B fitted to measured times), `sweep` (the measurement on real
-ranks, and the torchrun entry point `python -m common.parallel.collectives`).
+ranks, and the torchrun entry point `python -m common.parallel.collectives`), `ring` (a ring all-reduce from
+point-to-point messages, and a learner's run on real ranks beside dist.all_reduce).
 
 The alpha-beta model: sending a message of n bytes over one link costs alpha + n / B (alpha: the fixed latency of a
 step, seconds; B: the link's bandwidth in one direction, bytes/s; "beta" is 1/B). A collective over p ranks is a
@@ -56,6 +57,7 @@ from common.parallel.collectives.links import (
                                                     nvlink_allreduce_time,
                                                     nvlink_bandwidth,
 )
+from common.parallel.collectives.ring import ring_all_reduce, ring_task, summarize_ring
 from common.parallel.collectives.scenarios import comm_scenarios, ep_alltoall_time, v3_copies_per_token
 from common.parallel.collectives.sweep import (
                                                     Sweep,

@@ -173,15 +173,18 @@ def hierarchical_allreduce_time(n_bytes: float, nodes: int, gpus_per_node: int, 
 
 
 def flat_ring_allreduce_time(n_bytes: float, nodes: int, gpus_per_node: int, alpha_intra: float, bw_intra: float,
-                             alpha_inter: float, bw_inter: float) -> float:
-    """One ring over all nodes * gpus_per_node ranks: every step waits for its slowest link (InfiniBand once the
-    ring leaves a node), and every step pays the larger alpha."""
+                             alpha_inter: float, bw_inter: float, rings: int = 1) -> float:
+    """Ring all-reduce over all nodes * gpus_per_node ranks, the buffer split over `rings` rings run at once (NCCL
+    runs one ring per NIC: `rings` = gpus_per_node on nodes with a NIC per GPU). Every step of a ring waits for its
+    slowest link and pays the larger alpha: a ring's inter-node hops have a NIC each (bw_inter), its intra-node hops
+    share the GPU's NVLink with the other rings (bw_intra / rings)."""
     check_ranks(nodes, "nodes")
     check_ranks(gpus_per_node, "gpus_per_node")
+    check_ranks(rings, "rings")
     p = nodes * gpus_per_node
     if nodes == 1:
         return ring_allreduce_time(n_bytes, p, alpha_intra, bw_intra)
-    return ring_allreduce_time(n_bytes, p, max(alpha_intra, alpha_inter), min(bw_intra, bw_inter))
+    return ring_allreduce_time(n_bytes / rings, p, max(alpha_intra, alpha_inter), min(bw_intra / rings, bw_inter))
 
 
 def two_level_alltoall_time(n_bytes: float, nodes: int, gpus_per_node: int, alpha_intra: float, bw_intra: float,

@@ -46,7 +46,7 @@ def comm_scenarios(hidden: int, tokens: int = 4096, top_k: int = 8, gpus: Sequen
 
     Rows: a 1 GiB all-reduce; an 8-GPU all-reduce of `tokens` x `hidden` bf16 activations (a TP=8 layout, for
     comparison: DeepSeek-V3 used no tensor parallelism); a data-parallel all-reduce of such a bucket over 2 nodes,
-    flat ring and hierarchical; DeepSeek-V3's EP dispatch (FP8 + per-128 scales) and combine (bf16) inside a node,
+    flat (one ring per NIC, as NCCL runs it) and hierarchical; DeepSeek-V3's EP dispatch (FP8 + per-128 scales) and combine (bf16) inside a node,
     and over 8 nodes with the node limit (4) and per-node de-duplication (`v3_copies_per_token` IB copies).
     """
     check_ranks(hidden, "hidden")
@@ -83,8 +83,8 @@ def comm_scenarios(hidden: int, tokens: int = 4096, top_k: int = 8, gpus: Sequen
         lambda gid: ar(2**30, g, m_ar[gid]) if gid in m_ar else None)
     add(f"all-reduce of {tokens} tokens' bf16 activations, {g} GPUs (a TP={g} layout; V3 used no TP)", act,
         lambda gid: ar(act, g, nvlink_bandwidth(gid)), lambda gid: ar(act, g, m_ar[gid]) if gid in m_ar else None)
-    add(f"DP all-reduce of a {act / 1e6:.1f} MB bf16 bucket, 2 nodes x {g}, flat ring (IB-bound)", act,
-        lambda gid: flat_ring_allreduce_time(act, 2, g, alpha_nvlink, nvlink_bandwidth(gid), alpha_ib, ibw),
+    add(f"DP all-reduce of a {act / 1e6:.1f} MB bf16 bucket, 2 nodes x {g}, flat: {g} rings, one per NIC (NCCL)", act,
+        lambda gid: flat_ring_allreduce_time(act, 2, g, alpha_nvlink, nvlink_bandwidth(gid), alpha_ib, ibw, rings=g),
         lambda gid: None)
     add(f"DP all-reduce of a {act / 1e6:.1f} MB bf16 bucket, 2 nodes x {g}, hierarchical", act,
         lambda gid: hierarchical_allreduce_time(act, 2, g, alpha_nvlink, nvlink_bandwidth(gid), alpha_ib, ibw),

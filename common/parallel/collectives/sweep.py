@@ -191,14 +191,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     collectives.fit.alpha_us and collectives.fit.beta_gbps (fitted on each size's fastest repeat, as lab 07 does)."""
     from common.core import results
     from common.parallel import torchrun
-    ap = torchrun.parser("Collective bandwidth sweep")
+    ap = torchrun.parser("Collective bandwidth sweep", "common.parallel.collectives")
     ap.add_argument("--collective", default="all_reduce", choices=COLLECTIVES)
     ap.add_argument("--min-bytes", type=int, default=2**10)
     ap.add_argument("--max-bytes", type=int, default=2**28)
     ap.add_argument("--factor", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPE_BYTES))
-    a = ap.parse_args(argv)
+    a = torchrun.parse(ap, argv)
     worker, args = sweep_task(log_sizes(a.min_bytes, a.max_bytes, a.factor), torchrun.world_size(), [a.collective],
                               a.backend, a.repeats, dtype=a.dtype)
 

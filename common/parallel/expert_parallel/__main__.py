@@ -10,7 +10,8 @@ from common.parallel.expert_parallel.config import EPConfig
 from common.parallel.expert_parallel.summary import summarize
 from common.parallel.expert_parallel.worker import ep_task
 
-ap = torchrun.parser("Expert-parallel dispatch and combine, flat and node-aware")
+ap = torchrun.parser("Expert-parallel dispatch and combine, flat and node-aware",
+                     "common.parallel.expert_parallel")
 ap.add_argument("--tokens-per-rank", type=int, default=4096)
 ap.add_argument("--hidden", type=int, default=7168)
 ap.add_argument("--num-experts", type=int, default=256)
@@ -18,7 +19,7 @@ ap.add_argument("--top-k", type=int, default=8)
 ap.add_argument("--repeats", type=int, default=5)
 ap.add_argument("--ranks-per-node", type=int, default=None,
                 help="default: the real nodes (LOCAL_WORLD_SIZE); fewer simulate nodes on one machine")
-a = ap.parse_args()
+a = torchrun.parse(ap)
 world = torchrun.world_size()
 exact = EPConfig(tokens=a.tokens_per_rank * world, hidden=a.hidden, intermediate=32, num_experts=a.num_experts,
                  top_k=a.top_k, n_group=min(8, a.num_experts), topk_group=min(4, a.num_experts),

@@ -3,7 +3,7 @@ record of every call -- the split lists it sent and received, its off-rank bytes
 
 Hops (DeepEP's normal kernels): "world" (flat EP: every rank); "ib", the cross-node hop between the ranks with the
 same local index, one per node (RDMA between NICs of the same rail); "nvlink", the in-node hop among the ranks of
-one node. `hop_groups` makes the two subgroups once per process (`dist.new_subgroups_by_enumeration`, as picotron's
+one node. `hop_groups` makes the two subgroups for a worker (`dist.new_subgroups_by_enumeration`, as picotron's
 process-group manager does), so an all-to-all pays only the latency of its own group: with one rank per node the
 "nvlink" group is the rank alone.
 """
@@ -12,9 +12,6 @@ from __future__ import annotations
 import time
 
 import torch
-
-_GROUPS: dict = {}  # (world_size, ranks_per_node) -> {"ib": (group, peers), "nvlink": (group, peers)}
-
 
 def hop_lists(world_size: int, ranks_per_node: int) -> dict:
     """The ranks of every group of each hop: "ib" [[l, l+G, l+2G, ...] for each local index l] (G ranks per node),
@@ -26,16 +23,13 @@ def hop_lists(world_size: int, ranks_per_node: int) -> dict:
 
 def hop_groups(rank: int, world_size: int, ranks_per_node: int) -> dict:
     """{hop: (process group, global ranks in it)} for this rank, "world" included (a collective call: every rank
-    must make it, in the same order)."""
+    must make it, in the same order; the caller keeps the groups for as long as it exchanges)."""
     import torch.distributed as dist
-    key = (world_size, ranks_per_node)
-    if key not in _GROUPS:
-        mine = {}
-        for hop, lists in hop_lists(world_size, ranks_per_node).items():
-            group, _ = dist.new_subgroups_by_enumeration(lists)
-            mine[hop] = (group, next(r for r in lists if rank in r))
-        _GROUPS[key] = mine
-    return {"world": (None, list(range(world_size))), **_GROUPS[key]}
+    mine = {}
+    for hop, lists in hop_lists(world_size, ranks_per_node).items():
+        group, _ = dist.new_subgroups_by_enumeration(lists)
+        mine[hop] = (group, next(r for r in lists if rank in r))
+    return {"world": (None, list(range(world_size))), **mine}
 
 
 class Exchange:

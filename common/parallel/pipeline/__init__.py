@@ -3,7 +3,8 @@ DualPipeV. One namespace for the labs (`from common.parallel import pipeline`), 
 - `schedules`: every device's ordered op list (`build(name, pp, micro_batches)`) and the chunk `Durations`;
 - `simulator`: `simulate` runs a schedule event by event (bubble, peak activations, parameters, deadlocks);
 - `formulas`: DeepSeek's README formulas for bubble and memory beside the simulator, and where DualPipe leaves them;
-- `timeline`: the Gantt chart of a simulated run.
+- `timeline`: the Gantt chart of a simulated run;
+- `tokens`: one DualPipe rank's order as DeepSeek's runtime reads it ("F0", "Bi1", "W", "F0&B1", ...).
 
 The README formulas of DeepSeek's DualPipe (1F1B: (PP-1)(F+B), ZB1P: (PP-1)(F+B-2W), DualPipe: (PP/2-1)(F&B+B-3W))
 give the idle time of one device, in the time unit of F, B, W; the simulator measures it.
@@ -37,3 +38,4 @@ from common.parallel.pipeline.schedules import (
 )
 from common.parallel.pipeline.simulator import Deadlock, Result, fb_pairs, run, simulate, validate
 from common.parallel.pipeline.timeline import plot_timeline
+from common.parallel.pipeline.tokens import STEPS, TOKENS, dualpipe_tokens, schedule_from, steps_of, to_ops, to_tokens

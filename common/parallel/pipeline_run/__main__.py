@@ -6,14 +6,15 @@ from common.parallel import torchrun
 from common.parallel.pipeline_run.summary import compare, ledger_names
 from common.parallel.pipeline_run.worker import pipeline_task, summarize_all
 
-ap = torchrun.parser("Pipeline schedules (GPipe, 1F1B, ZB1P, DualPipe, DualPipeV) executed on real ranks")
+ap = torchrun.parser("Pipeline schedules (GPipe, 1F1B, ZB1P, DualPipe, DualPipeV, interleaved) executed on real ranks",
+                     "common.parallel.pipeline_run")
 ap.add_argument("--schedules", default="1f1b,zb1p,dualpipe,dualpipev", help="comma-separated")
 ap.add_argument("--micro-batches", type=int, default=None, help="default: 2 x ranks, at least 8")
 ap.add_argument("--batch", type=int, default=None, help="default: 16 rows per micro-batch")
 ap.add_argument("--blocks", type=int, default=None, help="residual MLP blocks; default: 2 x ranks")
 ap.add_argument("--hidden", type=int, default=256)
 ap.add_argument("--repeats", type=int, default=5)
-a = ap.parse_args()
+a = torchrun.parse(ap)
 pp = torchrun.world_size()
 m = a.micro_batches or max(8, 2 * pp)
 names = tuple(n for n in a.schedules.split(",") if n)

@@ -1,20 +1,23 @@
-"""One rank of a pipeline step: each op of the rank's list from `common.parallel.pipeline.build`, in order.
+"""One rank of a pipeline step, as its plan (`plan.RankPlan`) says: before op k it posts batch k (the sends of op
+k-1 and the receives the plan placed there) and waits where the plan waits; then the op runs (`stage.Stage`) and its
+outputs are queued for the next batch. After the last op: the last batch, every send waited for, the mirrored
+stages' gradients summed with the rank holding the other copy (DualPipe), and an SGD step.
 
-An op (one work item, or DualPipe's F&B pair) first receives what its items need -- a forward the previous stage's
-output, a backward the next stage's input gradient -- in one batch with the sends the previous op produced
-(`p2p.PointToPoint`); then its span starts, its items run (`stage.Stage`), and its outputs are queued for the next
-batch. So a span holds the op's own work and never a wait for a peer: receive waits are idle time.
+Spans: a span holds an op's own work and never a wait for a peer (receive waits are idle time). On a CPU they are
+read from the host's clock; on a GPU from CUDA events recorded on the rank's stream around each op, read once at the
+end of the step (no synchronisation between ops), so the compute overlaps the transfers.
 """
 from __future__ import annotations
 
 import time
 
-from common.core.validate import whole
+from common.core.validate import number, whole
 from common.parallel import pipeline
 from common.parallel.pipeline_run.p2p import PointToPoint
+from common.parallel.pipeline_run.plan import inputs_of, output_of
 from common.parallel.pipeline_run.stage import Stage
 
-RUNNABLE = ("gpipe", "1f1b", "zb1p", "dualpipe", "dualpipev")
+RUNNABLE = ("gpipe", "1f1b", "zb1p", "dualpipe", "dualpipev", "interleaved")
 
 
 def check_args(schedule: str, world_size: int, micro_batches: int, batch: int, blocks: int,
@@ -43,52 +46,66 @@ def check_args(schedule: str, world_size: int, micro_batches: int, batch: int, b
     return sched
 
 
-def inputs_of(schedule, item):
-    """(source rank, message key) that work item needs from another stage, or None."""
-    kind, d, s, j = item
-    if kind == "F" and s > 0:
-        return schedule.placement[(d, s - 1)], ("act", d, s - 1, j)
-    if kind in ("B", "Bi") and s < schedule.stages - 1:
-        return schedule.placement[(d, s + 1)], ("grad", d, s + 1, j)
-    return None
+class HostClock:
+    """Marks from the host's clock (a CPU rank: the work is done when the call returns)."""
+
+    def mark(self):
+        return time.perf_counter()
+
+    def seconds(self, marks: list) -> list:
+        return [m - marks[0] for m in marks]
 
 
-def output_of(schedule, item):
-    """(destination rank, message key) of what the work item sends, or None."""
-    kind, d, s, j = item
-    if kind == "F" and s < schedule.stages - 1:
-        return schedule.placement[(d, s + 1)], ("act", d, s, j)
-    if kind in ("B", "Bi") and s > 0:
-        return schedule.placement[(d, s - 1)], ("grad", d, s, j)
-    return None
+class EventClock:
+    """Marks as CUDA events on the current stream, read once, at the end (`seconds`)."""
+
+    def mark(self):
+        import torch
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, marks: list) -> list:
+        marks[-1].synchronize()
+        return [marks[0].elapsed_time(m) / 1e3 for m in marks]
 
 
-def run_op(op, schedule, stage: Stage, links: PointToPoint, clock=time.perf_counter) -> tuple:
-    """Receive the op's inputs, then run its items: (start, end) of the work alone."""
-    from common.parallel.ranks import synchronize
-    needs = [n for n in (inputs_of(schedule, item) for item in op) if n is not None]
-    received = dict(zip([key for _, key in needs], links.receive(needs)))
-    synchronize()
-    t0 = clock()
+def run_op(op, schedule, stage: Stage, links: PointToPoint) -> None:
+    """Run the op's items with the inputs received for them; queue their outputs for the next batch."""
+    inputs = []
     for item in op:
-        need, out = inputs_of(schedule, item), output_of(schedule, item)
-        sent = stage.run(item, received.get(need[1]) if need else None)
-        if out is not None:
-            links.send(out[0], out[1], sent)
-    synchronize()
-    return t0, clock()
+        need = inputs_of(schedule, item)
+        inputs.append(links.take(need[1]) if need else None)
+    for item, out in zip(op, stage.run_op(op, inputs)):
+        dest = output_of(schedule, item)
+        if dest is not None:
+            links.put(dest[0], dest[1], out)
 
 
-def run_step(schedule, stage: Stage, links: PointToPoint, clock=time.perf_counter) -> tuple:
-    """One training step on this rank: ([(start, end, kind)] per op from the step's start, its end), the end
-    after every send has gone."""
+def run_step(plan, schedule, stage: Stage, links: PointToPoint, lr: float = 0.0, clock=None) -> tuple:
+    """One training step on this rank: ([(start, end, kind)] per op from the step's start, its end), the end after
+    every send has gone, the gradients are complete and the weights stepped (SGD, `lr`)."""
+    number("lr", lr, strict=False, meaning="the SGD learning rate")
+    clock = clock or (EventClock() if stage.device.type == "cuda" else HostClock())
     stage.new_step()
-    start = clock()
-    spans = []
-    for op in schedule.ops[stage.rank]:
-        t0, t1 = run_op(op, schedule, stage, links, clock)
-        spans.append((t0 - start, t1 - start, schedule.kind_of(op)))
+    marks = [clock.mark()]
+    for k, op in enumerate(plan.ops):
+        links.post(k)
+        for b in plan.waits[k]:
+            links.wait(b)
+        marks.append(clock.mark())
+        run_op(op, schedule, stage, links)
+        marks.append(clock.mark())
+    links.post(len(plan.ops))
     links.flush()
     if stage.held or stage.store.pending:
         raise RuntimeError(f"rank {stage.rank}: work left over after the schedule: {sorted(stage.held)}")
-    return spans, clock() - start
+    if plan.mirror is not None:
+        flat = stage.flat_grads()
+        stage.set_flat_grads(flat + links.exchange(plan.mirror, flat))
+    stage.sgd(lr)
+    marks.append(clock.mark())
+    t = clock.seconds(marks)
+    kinds = [schedule.kind_of(op) for op in plan.ops]
+    return [(t[1 + 2 * i], t[2 + 2 * i], kind) for i, kind in enumerate(kinds)], t[-1]
+

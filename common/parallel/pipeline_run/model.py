@@ -23,12 +23,14 @@ def make_batch(batch: int, hidden: int, seed: int = 1):
 class WeightGradStore:
     """A stage's deferred weight gradients. While `deferring` holds a key (a `Bi` runs), each linear layer's
     backward queues its weight part under that key instead of computing it; `run(key)` (the matching `W`) computes
-    them. `on_defer(tensors)` is told of the tensors a queued part keeps alive (its input and output gradient)."""
+    them. `on_defer(tensors)` is told of the tensors a queued part keeps alive (its input and output gradient).
+    `linear` is the store's own autograd Function (made here, as torch is imported only when a store is)."""
 
     def __init__(self, on_defer=None):
         self.deferring = None
         self.pending: dict = {}
         self.on_defer = on_defer or (lambda tensors: None)
+        self.linear = _deferrable_linear(self)
 
     def run(self, key) -> None:
         parts = self.pending.pop(key)
@@ -36,37 +38,37 @@ class WeightGradStore:
             parts.pop()()  # popped, so that each part's tensors are freed as soon as it has run
 
 
-_LINEAR = []  # the autograd Function, made on first use (torch is imported lazily)
+def _deferrable_linear(store: WeightGradStore):
+    """x @ w.T + b as an autograd Function whose weight gradients go to `store` while it is deferring."""
+    import torch
+
+    class DeferrableLinear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, b):
+            ctx.save_for_backward(x)
+            ctx.weight, ctx.bias = w, b
+            return torch.addmm(b, x, w.t())
+
+        @staticmethod
+        def backward(ctx, g):
+            x, = ctx.saved_tensors
+            w, b = ctx.weight, ctx.bias
+            if store.deferring is None:
+                return g @ w, g.t() @ x, g.sum(0)
+
+            def weight_part():
+                with torch.no_grad():
+                    accumulate(w, g.t() @ x)
+                    accumulate(b, g.sum(0))
+            store.pending.setdefault(store.deferring, []).append(weight_part)
+            store.on_defer((x, g))
+            return g @ w, None, None
+    return DeferrableLinear
 
 
 def linear(x, w, b, store: WeightGradStore):
     """x @ w.T + b whose weight gradients go to `store` while it is deferring (else are computed at once)."""
-    if not _LINEAR:
-        import torch
-
-        class DeferrableLinear(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x, w, b, store):
-                ctx.save_for_backward(x)
-                ctx.weight, ctx.bias, ctx.store = w, b, store
-                return torch.addmm(b, x, w.t())
-
-            @staticmethod
-            def backward(ctx, g):
-                x, = ctx.saved_tensors
-                w, b, store = ctx.weight, ctx.bias, ctx.store
-                if store.deferring is None:
-                    return g @ w, g.t() @ x, g.sum(0), None
-
-                def weight_part():
-                    with torch.no_grad():
-                        accumulate(w, g.t() @ x)
-                        accumulate(b, g.sum(0))
-                store.pending.setdefault(store.deferring, []).append(weight_part)
-                store.on_defer((x, g))
-                return g @ w, None, None, None
-        _LINEAR.append(DeferrableLinear)
-    return _LINEAR[0].apply(x, w, b, store)
+    return store.linear.apply(x, w, b)
 
 
 def accumulate(p, grad) -> None:

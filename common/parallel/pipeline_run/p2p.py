@@ -1,103 +1,78 @@
-"""Ordered, batched point-to-point messages between pipeline ranks (activations forward, gradients back).
+"""One rank's point-to-point messages in one step, batch by batch as its plan (`plan.RankPlan`) lists them.
 
-Between two ranks, messages are matched in the order the sender sends them -- NCCL requires it, and gloo does it
-per tag -- so a receiver that needs message k from a peer first receives (and keeps) the ones before it; it knows
-them because it knows the sender's op list (`messages`). As in picotron and DualPipe, every exchange is ONE
-`torch.distributed.batch_isend_irecv`: the sends the previous op produced and the receives the next op needs go out
-together, so two ranks that send to each other at the same time cannot block one another (under NCCL a lone send
-may wait for its receiver, and a pair of them, each waiting, is a deadlock). The op waits only for its receives;
-sends are waited for at the end of the step (`flush`). Receive buffers live on the rank's device.
+`post(k)` sends what the plan's batch k sends (the tensors `put` there) and posts its receives, in ONE
+`batch_isend_irecv`; `wait(k)` waits for it (and the batches before it) and files what arrived; `take(key)` hands
+a received tensor to the op that needs it; `flush()` ends the step. A tensor for a stage of this same rank is handed
+over locally. Receive buffers live on the rank's device.
 
-`transport(ops) -> works` does the batch: [("send" | "recv", peer, tensor), ...] in, one work per op out (or one
-for the whole batch, as NCCL coalesces). `torch_transport` is the real one; a test may pass another.
+`transport(ops) -> works` does a batch: [("send" | "recv", peer, tensor), ...] in, one work per op (gloo) or one
+for the whole batch (NCCL, and the NCCL-rules test transport `common.parallel.rendezvous`) out. With one work per op
+only the receives are waited for before the step's end.
 """
 from __future__ import annotations
 
 import time
 
 
-def messages(schedule, dev: int) -> list:
-    """The messages device `dev` sends, in its order: (destination, (kind, direction, stage, micro_batch)) with kind
-    "act" (a forward's output, for stage + 1) or "grad" (an input gradient, for stage - 1); local hand-offs (both
-    stages on `dev`) left out."""
-    out = []
-    for op in schedule.ops[dev]:
-        for kind, d, s, j in op:
-            if kind == "F" and s < schedule.stages - 1:
-                dst, msg = schedule.placement[(d, s + 1)], ("act", d, s, j)
-            elif kind in ("B", "Bi") and s > 0:
-                dst, msg = schedule.placement[(d, s - 1)], ("grad", d, s, j)
-            else:
-                continue
-            if dst != dev:
-                out.append((dst, msg))
-    return out
-
-
 def torch_transport(ops: list, group=None) -> list:
     import torch.distributed as dist
-    p2p = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, t, peer, group) for kind, peer, t in ops]
+    p2p = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, t, peer, group) for kind, peer, t, *_ in ops]
     return dist.batch_isend_irecv(p2p) if p2p else []
 
 
 class PointToPoint:
-    """One rank's messages in one step. `send(dst, key, tensor)` queues; `receive(needs)` sends what is queued and
-    receives what `needs` ([(source, key)]) asks for -- and every earlier message of those sources -- in one batch,
-    waits for the receives only, and returns the tensors in the order of `needs`; `flush()` ends the step.
-    `wait_s` adds up the time spent waiting for receives."""
+    """The messages of rank `plan.rank` in one step; `wait_s` adds up the time spent waiting for receives."""
 
-    def __init__(self, schedule, rank: int, shape, device, transport=torch_transport):
-        self.rank, self.shape, self.device, self.transport = rank, shape, device, transport
-        self.order = {src: [m for dst, m in messages(schedule, src) if dst == rank]
-                      for src in range(len(schedule.ops)) if src != rank}
-        self.posted = dict.fromkeys(self.order, 0)  # messages of each source already asked for
-        self.inbox: dict = {}   # key -> tensor (received, or handed over locally)
-        self.queued: list = []  # ("send", dst, tensor) not yet sent
-        self.sending: list = []  # (work, tensor) of sends in flight
+    def __init__(self, plan, shape, device, transport=torch_transport):
+        self.plan, self.shape, self.device, self.transport = plan, shape, device, transport
+        self.inbox: dict = {}    # key -> tensor: received (waited for), or handed over locally
+        self.outbox: dict = {}   # key -> tensor to send in its batch
+        self.pending: dict = {}  # batch -> (recv works, [(key, buffer)], every work)
+        self.sending: list = []  # works of sends, waited for at the end
         self.wait_s = 0.0
 
-    def send(self, dst: int, key, tensor) -> None:
-        if dst == self.rank:
-            self.inbox[key] = tensor
-        else:
-            self.queued.append(("send", dst, tensor))
+    def put(self, dst: int, key, tensor) -> None:
+        (self.inbox if dst == self.plan.rank else self.outbox)[key] = tensor
 
-    def receive(self, needs: list) -> list:
+    def post(self, k: int) -> None:
         import torch
-        recvs = []
-        for src, key in needs:
-            if src == self.rank or key in self.inbox:
-                continue
-            upto = self.order[src].index(key)
-            while self.posted[src] <= upto:  # in the sender's order: the earlier messages first
-                buf = torch.empty(self.shape, device=self.device)
-                recvs.append((self.order[src][self.posted[src]], buf))
-                self.queued.append(("recv", src, buf))
-                self.posted[src] += 1
-        self._post()
-        t0 = time.perf_counter()
-        for work in self._recv_works:
-            work.wait()
-        self.wait_s += time.perf_counter() - t0
-        self.inbox.update(recvs)
-        return [self.inbox.pop(key) for _, key in needs]
-
-    def _post(self) -> None:
-        ops, self.queued = self.queued, []
+        sends, recvs = self.plan.batches[k]
+        ops = [("send", dst, self.outbox.pop(key), key) for dst, key in sends]
+        bufs = [(key, torch.empty(self.shape, device=self.device)) for _, key in recvs]
+        ops += [("recv", src, buf, key) for (src, _), (key, buf) in zip(recvs, bufs)]
         works = self.transport(ops) if ops else []
-        self._recv_works = []
-        if len(works) == len(ops):  # one work per op (gloo): wait for the receives now, the sends at the end
-            for work, (kind, _, t) in zip(works, ops):
-                (self.sending.append((work, t)) if kind == "send" else self._recv_works.append(work))
-        else:  # one work for the whole batch (NCCL coalesces): the receives come with the sends
-            self.sending += [(work, ops) for work in works]
-            self._recv_works = works
+        if len(works) == len(ops):  # one work per op: wait for the receives now, the sends at the end
+            self.sending += works[:len(sends)]
+            self.pending[k] = (works[len(sends):], bufs)
+        else:  # one work for the batch
+            self.pending[k] = (works, bufs)
+
+    def wait(self, k: int) -> None:
+        t0 = time.perf_counter()
+        for b in sorted(b for b in self.pending if b <= k):
+            works, bufs = self.pending.pop(b)
+            for work in works:
+                work.wait()
+            self.inbox.update(bufs)
+        self.wait_s += time.perf_counter() - t0
+
+    def take(self, key):
+        return self.inbox.pop(key)
 
     def flush(self) -> None:
-        """Send what is still queued and wait for every send (the end of a step)."""
-        self._post()
-        for work, _ in self.sending:
+        """Wait for every batch and every send (the end of a step); nothing may be left over."""
+        self.wait(len(self.plan.batches))
+        for work in self.sending:
             work.wait()
         self.sending = []
-        if self.inbox or any(self.posted[s] != len(o) for s, o in self.order.items()):
-            raise RuntimeError(f"rank {self.rank}: messages left over after the step: {sorted(self.inbox)}")
+        if self.inbox or self.outbox:
+            raise RuntimeError(f"rank {self.plan.rank}: messages left over after the step: "
+                               f"{sorted(self.inbox) + sorted(self.outbox)}")
+
+    def exchange(self, peer: int, tensor):
+        """Send `tensor` to `peer` and receive its tensor of the same shape, in one batch (an all-reduce of two
+        ranks is `tensor + exchange(peer, tensor)`)."""
+        buf = tensor.new_empty(tensor.shape)
+        for work in self.transport([("send", peer, tensor, "mirror"), ("recv", peer, buf, "mirror")]):
+            work.wait()
+        return buf

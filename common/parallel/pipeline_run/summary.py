@@ -26,6 +26,7 @@ def summarize(sched, per_rank: list, comm: float = 0.0) -> dict:
     busy = [r["busy"] for r in per_rank]
     idle = [makespan - b for b in busy]
     return {"schedule": sched.name, "pp": sched.pp, "max_grad_err": max(r["grad_err"] for r in per_rank),
+            "max_weight_err": max(r.get("weight_err", 0.0) for r in per_rank),
             "makespan": makespan, "busy": busy, "idle": idle, "recv_wait": [r["recv_wait"] for r in per_rank],
             "peak_activations": [sched.stage_fraction * r["peak_bytes"] / r["stage_bytes"] for r in per_rank],
             "durations": durations, "sim": sim, "spans": [r["spans"] for r in per_rank],
