@@ -320,97 +320,113 @@ def test_bytes_scale_in_bits():
 
 
 # ------------------------------------------------------------------------------------------------ 5.8
-from common.exercises.lab05 import check_fine_grained_gemm  # noqa: E402
-from common.kernels import scaled_gemm
+from common.exercises.lab05 import check_fp8_linear  # noqa: E402
+from common.kernels import scaled_gemm  # noqa: E402
+
+FP8 = torch.float8_e4m3fn
 
 
-def fine_grained(xq, xs, wq, ws):
-    one = torch.tensor(1.0)
-    y = torch.zeros(xq.shape[0], wq.shape[0])
-    wcol = ws.repeat_interleave(128, 0)
-    for k in range(xs.shape[1]):
-        ks = slice(128 * k, 128 * (k + 1))
-        y += torch._scaled_mm(xq[:, ks], wq[:, ks].t(), scale_a=one, scale_b=one,
-                              out_dtype=torch.float32) * xs[:, k:k + 1] * wcol[:, k]
-    return y
+def _blocks_quantize(t, rows, cols, top=448.0):
+    """(q float8, scale (M/rows, K/cols) float32), scale = amax / top, all-zero blocks -> 1."""
+    M, K = t.shape
+    b = t.reshape(M // rows, rows, K // cols, cols)
+    s = (b.abs().amax(dim=(1, 3)) / top).float()
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    q = (b / s[:, None, :, None]).clamp(-448, 448).reshape(M, K).to(FP8)
+    return q, s
 
 
-def test_fine_grained_right_and_in_other_dtypes():
-    assert check_fine_grained_gemm(fine_grained).passed
-    assert check_fine_grained_gemm(lambda *a: fine_grained(*a).double()).passed
-    assert check_fine_grained_gemm(lambda *a: fine_grained(*a).bfloat16()).passed
-    assert check_fine_grained_gemm(fine_grained, seed=123).passed
+def fp8_linear(x, w, mistake=None):
+    """The exercise written out, with one named mistake where asked."""
+    (M, K), N = x.shape, w.shape[0]
+    x_tile = {"x_row": (1, K), "x_tensor": (M, K)}.get(mistake, (1, 128))
+    w_tile = {"w_1x128": (1, 128), "w_row": (1, K), "w_tensor": (N, K)}.get(mistake, (128, 128))
+    top = {"int8_max": 127.0, "e5m2_max": 57344.0}.get(mistake, 448.0)
+    xq, xs = _blocks_quantize(x, *x_tile, top=top)
+    wq, ws = _blocks_quantize(w, *w_tile, top=top)
+    xs = xs.repeat_interleave(x_tile[0], 0).repeat_interleave(x_tile[1] // 128, 1)  # back to (M, K/128)
+    w_col = ws.repeat_interleave(w_tile[0], 0).repeat_interleave(w_tile[1] // 128, 1)  # (N, K/128)
+    if mistake == "repeat_not_interleave":
+        w_col = ws.repeat(128, 1)
+    if mistake == "inverted":
+        xs, w_col = 1 / xs, 1 / w_col
+    one = torch.ones((), dtype=torch.float32)
+    y = torch.zeros(M, N, dtype=torch.bfloat16 if mistake == "bf16_acc" else torch.float32)
+    for k in range(K // 128):
+        kb = slice(128 * k, 128 * (k + 1))
+        part = torch._scaled_mm(xq[:, kb], wq[:, kb].t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+        if mistake == "no_x_scale":
+            y += part * w_col[:, k][None, :]
+        elif mistake == "once":
+            y += part
+        else:
+            y += (part * xs[:, k:k + 1] * w_col[:, k][None, :]).to(y.dtype)
+    if mistake == "once":
+        y = y * xs[:, :1] * w_col[:, :1].T
+    nbytes = {"bytes_no_scales": M * K + N * K, "bytes_bf16": 2 * (M * K + N * K)}.get(
+        mistake, xq.numel() + wq.numel() + 4 * (M * K // 128 + N * K // 16384))
+    return y.float(), nbytes
 
 
-def test_fine_grained_stub():
-    assert check_fine_grained_gemm(stub).status == "not attempted"
+def test_fp8_linear_right():
+    assert check_fp8_linear(fp8_linear).passed
+    assert check_fp8_linear(fp8_linear, seed=123).passed
+    assert check_fp8_linear(lambda x, w: (fp8_linear(x, w)[0].double(), fp8_linear(x, w)[1])).passed
+    assert check_fp8_linear(own_copy(fp8_linear)).passed
 
 
-def bf16_sum(xq, xs, wq, ws):  # the K-block products and their sum kept in bfloat16 (no promotion)
-    one = torch.tensor(1.0)
-    y = torch.zeros(xq.shape[0], wq.shape[0], dtype=torch.bfloat16)
-    wcol = ws.repeat_interleave(128, 0)
-    for k in range(xs.shape[1]):
-        ks = slice(128 * k, 128 * (k + 1))
-        y += (torch._scaled_mm(xq[:, ks], wq[:, ks].t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
-              * xs[:, k:k + 1] * wcol[:, k]).bfloat16()
-    return y
+def test_fp8_linear_float_emulation_passes_and_says_so():
+    def emulated(x, w):  # dequantized codes in float32: the same numbers, no _scaled_mm
+        y, nbytes = fp8_linear(x, w)
+        return y, nbytes
+    verdict = check_fp8_linear(emulated)
+    assert verdict.passed and "through torch._scaled_mm" in verdict.detail
 
 
-def bf16_parts(xq, xs, wq, ws):  # each K-block product rounded to bfloat16, summed in float32
-    one = torch.tensor(1.0)
-    y = torch.zeros(xq.shape[0], wq.shape[0])
-    wcol = ws.repeat_interleave(128, 0)
-    for k in range(xs.shape[1]):
-        ks = slice(128 * k, 128 * (k + 1))
-        y += (torch._scaled_mm(xq[:, ks], wq[:, ks].t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
-              * xs[:, k:k + 1] * wcol[:, k]).bfloat16().float()
-    return y
+FP8_LINEAR_MISTAKES = [
+    ("x_row", "one activation scale per row"), ("x_tensor", "one activation scale for the whole tensor"),
+    ("w_1x128", "weights scaled per 1x128 tile"), ("w_row", "one weight scale per output row"),
+    ("w_tensor", "one weight scale for the whole tensor"), ("int8_max", "amax / 127"),
+    ("e5m2_max", "amax / 57344"), ("inverted", "upside down"), ("repeat_not_interleave", "repeat_interleave"),
+    ("bf16_acc", "bfloat16"), ("no_x_scale", "activation scales left out"), ("once", "applied once"),
+    ("bytes_no_scales", "leave out the scales"), ("bytes_bf16", "BF16's count"),
+]
 
 
-@pytest.mark.parametrize("wrong, mistake", [(bf16_sum, "accumulated in bfloat16"),
-                                            (bf16_parts, "rounded to bfloat16 before the sum")])
-def test_fine_grained_bf16_accumulation_named(wrong, mistake):
-    """A bfloat16 sum of the K-blocks was about 6% off in one element and passed a 2% tolerance of max|y|: a 16-bit
-    result must be within one unit in the last place of each element."""
-    for seed in (1, 2, 3):
-        with pytest.raises(CheckFailed, match=mistake):
-            check_fine_grained_gemm(wrong, seed=seed)
-
-
-@pytest.mark.parametrize("mistake, wrong", [
-    ("forgot to dequantise", lambda xq, xs, wq, ws: fine_grained(xq, torch.ones_like(xs), wq, torch.ones_like(ws))),
-    ("per-tensor scales", lambda xq, xs, wq, ws: torch._scaled_mm(xq, wq.t(), scale_a=xs.max(), scale_b=ws.max(),
-                                                                  out_dtype=torch.float32)),
-    ("no per-K-block promotion", lambda xq, xs, wq, ws: (xq.float() @ wq.float().T) * xs[:, :1]
-     * ws.repeat_interleave(128, 0)[:, 0]),
-    ("wrong axis", lambda xq, xs, wq, ws: fine_grained(xq, xs, wq, ws.T.contiguous())),
-    ("activation scale left out", lambda xq, xs, wq, ws: fine_grained(xq, torch.ones_like(xs), wq, ws)),
-])
-def test_fine_grained_mistakes_named(mistake, wrong):
-    with pytest.raises(CheckFailed, match=mistake) as e:
-        check_fine_grained_gemm(wrong)
+@pytest.mark.parametrize("mistake, words", FP8_LINEAR_MISTAKES, ids=[m for m, _ in FP8_LINEAR_MISTAKES])
+def test_fp8_linear_mistakes_named(mistake, words):
+    with pytest.raises(CheckFailed, match=words) as e:
+        check_fp8_linear(lambda x, w: fp8_linear(x, w, mistake))
     assert "seed=" in str(e.value)
 
 
-def test_fine_grained_learner_errors_reported_as_calls():
-    def crashes(xq, xs, wq, ws):
-        assert xs.shape[1] == 3, "I assumed K = 384"
-        return fine_grained(xq, xs, wq, ws)
+def test_fp8_linear_zero_block_nan_named():
+    def nan_scales(x, w):
+        (M, K), N = x.shape, w.shape[0]
+        xs = x.reshape(M, K // 128, 128).abs().amax(-1) / 448  # 0 for an all-zero tile: 0 / 0 below
+        y, nbytes = fp8_linear(x, w)
+        return y * (xs.sum() / xs.sum()) * torch.where(xs.min() > 0, 1.0, float("nan")), nbytes
+    with pytest.raises(CheckFailed, match="all-zero tile or block"):
+        for seed in range(4):  # the second fixed case has an all-zero tile
+            check_fp8_linear(nan_scales, seed=seed)
 
-    with pytest.raises(CheckFailed, match=r"fine_grained_gemm\(xq \(3, 256\).*: your code raised AssertionError: I assumed"):
-        check_fine_grained_gemm(crashes)
-    with pytest.raises(CheckFailed, match="returned tuple"):
-        check_fine_grained_gemm(lambda *a: (fine_grained(*a),))
 
-    def mutates(xq, xs, wq, ws):
-        xs.mul_(1)
-        ws.add_(0.0)
-        y = fine_grained(xq, xs, wq, ws)
-        xs.zero_()
-        return y
-    with pytest.raises(CheckFailed, match="modified its input xs"):
-        check_fine_grained_gemm(mutates)
+def test_fp8_linear_shapes_and_calls_reported():
+    with pytest.raises(CheckFailed, match="must return .y, nbytes."):
+        check_fp8_linear(lambda x, w: fp8_linear(x, w)[0])
+    with pytest.raises(CheckFailed, match="returned y in float8"):
+        check_fp8_linear(lambda x, w: (fp8_linear(x, w)[0].to(FP8), fp8_linear(x, w)[1]))
+
+    def mutates(x, w):
+        out = fp8_linear(x, w)
+        x.mul_(2)
+        return out
+    with pytest.raises(CheckFailed, match="modified its input"):
+        check_fp8_linear(mutates)
+    with pytest.raises(CheckFailed, match="scaled_gemm.quantize_fp8"):
+        check_fp8_linear(lambda x, w: (scaled_gemm.scaled_mm_fine_grained(
+            *scaled_gemm.quantize_fp8(x, (1, 128)), *scaled_gemm.quantize_fp8(w, (128, 128))), fp8_linear(x, w)[1]))
+    assert check_fp8_linear(stub).status == "not attempted"
 
 
 # ------------------------------------------------------------------------------------------------ issue 12 audit
@@ -468,8 +484,6 @@ def test_references_refused_where_the_exercise_is_to_write_them():
         check_promoted_sum(lambda p, bits, every: lowp.accumulate(p, bits, every))
     with pytest.raises(CheckFailed, match=r"common.kernels.lowp.storage.bytes_per_param"):
         check_bytes_per_param(lowp.bytes_per_param)
-    with pytest.raises(CheckFailed, match=r"common.kernels.scaled_gemm.scaled_mm_fine_grained"):
-        check_fine_grained_gemm(scaled_gemm.scaled_mm_fine_grained)
     assert check_quantize_fp8_blockwise(lambda x, b: (fp8_blockwise(x, b)[0].float().to(torch.float8_e4m3fn),
                                                       fp8_blockwise(x, b)[1].float())).passed
 

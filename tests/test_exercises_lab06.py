@@ -1,11 +1,12 @@
 """Lab 06 checkers: a right answer passes, each classic mistake fails with a telling message, a stub is 'not attempted'."""
 import math
+import re
 
 import pytest
 import torch
 
 from common.core.checks import CheckFailed
-from common.exercises import lab06
+from common.exercises import eplb_place, lab06
 from common.moe import eplb, moe
 
 
@@ -87,44 +88,88 @@ def test_deepseek_gate():
 
 # ---------------------------------------------------------------- 6.3
 
-def _sorted_layer(x, weights, indices, experts, weighted=True, token_of=lambda order, k: order // k):
+def dispatch_combine(x, weights, indices, experts, mistake=None):
+    """The exercise written out (permute, grouped compute, inverse permutation, gate weights), with one named
+    mistake where asked."""
     t, k = indices.shape
     flat = indices.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=experts.num_experts).tolist()
-    tok = token_of(order, k)
-    xs = x[tok]
-    ys = torch.empty_like(xs)
-    start = 0
-    for e, n in enumerate(counts):
-        if n:
-            ys[start:start + n] = experts.forward(e, xs[start:start + n])
+    counts = torch.bincount(flat, minlength=experts.num_experts)
+    token = order % k if mistake == "token_mod_k" else order // k
+    w_in = weights.reshape(-1)[order].unsqueeze(1).to(x.dtype)
+    x_sorted = x[token] * (w_in if mistake == "weights_twice" else 1.0)
+    pieces, start = [], 0
+    for e, n in enumerate(counts.tolist()):
+        if mistake == "per_token":
+            pieces += [experts.forward(e, x_sorted[start + i:start + i + 1]) for i in range(n)]
+        elif mistake == "dense":
+            pieces.append(experts.forward(e, x)[token[start:start + n]])
+        elif n:
+            rows = x_sorted[:n] if mistake == "no_offsets" else x_sorted[start:start + n]
+            pieces.append(experts.forward(e, rows))
         start += n
-    w = weights.reshape(-1)[order] if weighted else torch.ones(t * k, dtype=x.dtype)
-    return torch.zeros_like(x).index_add_(0, tok, ys * w.unsqueeze(1))
+    y_sorted = torch.cat(pieces)
+    if mistake in ("index_add", "token_mod_k", "weights_not_permuted", "overwrite", "no_offsets", "capacity"):
+        w = weights.reshape(-1).unsqueeze(1).to(x.dtype) if mistake == "weights_not_permuted" else w_in
+        if mistake == "capacity":
+            cap = -(-t * k // experts.num_experts)
+            rank = torch.arange(t * k) - (torch.cumsum(counts, 0) - counts)[flat[order]]
+            w = w * (rank < cap).to(x.dtype).unsqueeze(1)
+        if mistake == "overwrite":
+            out = torch.zeros_like(x)
+            out[token] = y_sorted * w
+            return out
+        return torch.zeros_like(x).index_add_(0, token, y_sorted * w)
+    inverse = order if mistake == "inverse_is_order" else torch.argsort(order)
+    y = y_sorted[inverse].view(t, k, -1)
+    w = {"no_weights": torch.ones_like(weights), "renormalised": weights / weights.sum(-1, keepdim=True)}.get(
+        mistake, weights)
+    if mistake == "detached":
+        w = torch.tensor(weights.tolist(), dtype=weights.dtype)
+    if mistake == "first_only":
+        return y[:, 0] * w[:, :1].to(y.dtype)
+    return (y * w.unsqueeze(-1).to(y.dtype)).sum(1)
 
 
-def _per_token_layer(x, weights, indices, experts):
-    out = torch.zeros_like(x)
-    for t in range(x.shape[0]):
-        for j in range(indices.shape[1]):
-            out[t] += weights[t, j] * experts.forward(int(indices[t, j]), x[t:t + 1])[0]
-    return out
+def test_dispatch_combine_right():
+    assert lab06.check_dispatch_combine(dispatch_combine).passed
+    assert lab06.check_dispatch_combine(dispatch_combine, seed=7).passed
+    # the combine as index_add_ in expert order: another order of additions, the same bits on the exact cases
+    assert lab06.check_dispatch_combine(lambda x, w, i, ex: dispatch_combine(x, w, i, ex, "index_add")).passed
 
 
-def test_moe_layer_sorted():
-    assert lab06.check_moe_layer_sorted(_sorted_layer).passed
+DISPATCH_MISTAKES = [
+    ("inverse_is_order", "used `order` itself"), ("token_mod_k", "not a % k"), ("weights_twice", "applied twice"),
+    ("no_weights", "gate weights are missing"), ("weights_not_permuted", "weight of its own assignment"),
+    ("renormalised", "renormalised"), ("first_only", "only the first of the k"), ("capacity", "capacity"),
+    ("overwrite", "overwrites"), ("no_offsets", "starts where the previous one ended"),
+    ("per_token", "once per .token, expert. pair"), ("dense", "every expert ran on every token"),
+    ("detached", "no gradient reaches the gate weights"),
+]
+
+
+@pytest.mark.parametrize("mistake, words", DISPATCH_MISTAKES, ids=[m for m, _ in DISPATCH_MISTAKES])
+def test_dispatch_combine_mistakes_named(mistake, words):
+    with pytest.raises(CheckFailed, match=words):
+        lab06.check_dispatch_combine(lambda x, w, i, ex: dispatch_combine(x, w, i, ex, mistake))
+
+
+def test_dispatch_combine_references_inputs_and_stub():
     with pytest.raises(CheckFailed, match="called common.moe.moe.moe_grouped"):
-        lab06.check_moe_layer_sorted(lambda *a: moe.moe_grouped(*a))
-    with pytest.raises(CheckFailed, match="without the gate weights"):
-        lab06.check_moe_layer_sorted(lambda *a: _sorted_layer(*a, weighted=False))
-    with pytest.raises(CheckFailed, match="called .* times"):
-        lab06.check_moe_layer_sorted(_per_token_layer)
-    with pytest.raises(CheckFailed, match="dense masked reference"):
-        lab06.check_moe_layer_sorted(lambda *a: _sorted_layer(*a, token_of=lambda order, k: order % a[0].shape[0]))
-    with pytest.raises(CheckFailed, match="returned None"):
-        lab06.check_moe_layer_sorted(lambda *a: None)
-    assert lab06.check_moe_layer_sorted(_stub).status == "not attempted"
+        lab06.check_dispatch_combine(lambda *a: moe.moe_grouped(*a))
+    with pytest.raises(CheckFailed, match="called common.moe.moe.dispatch_plan"):
+        lab06.check_dispatch_combine(lambda x, w, i, ex: moe.combine(dispatch_combine(x, w, i, ex)[
+            moe.dispatch_plan(i, ex.num_experts).token_index], moe.dispatch_plan(i, ex.num_experts), w, x.shape[0]))
+
+    def modifies(x, w, i, ex):
+        out = dispatch_combine(x, w, i, ex)
+        i.zero_()
+        return out
+    with pytest.raises(CheckFailed, match="modified its input `indices`"):
+        lab06.check_dispatch_combine(modifies)
+    with pytest.raises(CheckFailed, match="return the .T, H. output tensor"):
+        lab06.check_dispatch_combine(lambda *a: None)
+    assert lab06.check_dispatch_combine(_stub).status == "not attempted"
 
 
 # ---------------------------------------------------------------- 6.4
@@ -180,6 +225,67 @@ def test_replica_counts():
     assert lab06.check_replica_counts(_stub).status == "not attempted"
 
 
+# ---------------------------------------------------------------- 6.7
+
+def place(load, num_replicas, num_gpus):
+    """The exercise written out: replicate greedily by load per replica, pack heaviest first into the lightest GPU
+    with a free slot."""
+    e = load.numel()
+    count = torch.ones(e, dtype=torch.int64)
+    for _ in range(num_replicas - e):
+        count[int((load / count).argmax())] += 1
+    replicas = [x for x in range(e) for _ in range(int(count[x]))]
+    per_replica = [float(load[x] / count[x]) for x in replicas]
+    per_gpu = num_replicas // num_gpus
+    slots, gpu_load = [[] for _ in range(num_gpus)], [0.0] * num_gpus
+    for i in sorted(range(len(replicas)), key=lambda i: -per_replica[i]):
+        g = min((g for g in range(num_gpus) if len(slots[g]) < per_gpu), key=lambda g: gpu_load[g])
+        slots[g].append(replicas[i])
+        gpu_load[g] += per_replica[i]
+    return torch.tensor([x for g in slots for x in g])
+
+
+def _from_gpus(gpus):
+    return torch.tensor([x for g in gpus for x in g])
+
+
+def test_place_replicas_right():
+    assert lab06.check_place_replicas(place).passed
+    assert lab06.check_place_replicas(place, seed=11).passed
+
+
+def test_place_replicas_slot_order_inside_a_gpu_is_free():
+    def shuffled(load, r, g):
+        per_gpu = r // g
+        return torch.cat([s.flip(0) for s in place(load, r, g).split(per_gpu)]).tolist()  # a list, GPUs reversed inside
+    assert lab06.check_place_replicas(shuffled).passed
+
+
+@pytest.mark.parametrize("mistake", list(eplb_place.MISTAKES), ids=list(eplb_place.MISTAKES))
+def test_place_replicas_mistakes_named(mistake):
+    words = eplb_place.MISTAKES[mistake].split(":")[0][:40]
+    with pytest.raises(CheckFailed, match=re.escape(words)):
+        lab06.check_place_replicas(lambda load, r, g: _from_gpus(eplb_place.placement(load, r, g, mistake)))
+
+
+def test_place_replicas_layout_and_validity_named():
+    def interleaved(load, r, g):  # GPU g's slots at g, g + G, g + 2G, ...
+        per_gpu = r // g
+        gpus = eplb_place.placement(load, r, g)
+        return torch.tensor([gpus[i % g][i // g] for i in range(r)])
+    with pytest.raises(CheckFailed, match="GPU p % num_gpus"):
+        lab06.check_place_replicas(interleaved)
+    with pytest.raises(CheckFailed, match="returned .* slots"):
+        lab06.check_place_replicas(lambda load, r, g: place(load, r, g)[:-1])
+    with pytest.raises(CheckFailed, match="must be expert ids"):
+        lab06.check_place_replicas(lambda load, r, g: place(load, r, g) + 1)
+    with pytest.raises(CheckFailed, match="has no replica"):
+        lab06.check_place_replicas(lambda load, r, g: torch.where(place(load, r, g) == 0, 1, place(load, r, g)))
+    with pytest.raises(CheckFailed, match="rebalance_experts"):
+        lab06.check_place_replicas(lambda load, r, g: eplb.rebalance_experts(load[None], r, 1, 1, g)[0][0])
+    assert lab06.check_place_replicas(_stub).status == "not attempted"
+
+
 # ---------------------------------------------------------------- issue 12: the classes of holes, per checker
 
 def test_ffn_params_mistakes_named_by_their_own_formula():
@@ -225,15 +331,6 @@ def _zero_filled_gate(logits, bias, k, ng, tg, scale):
     idx = (choice * mask).topk(k, -1).indices  # dropped groups become 0
     w = scores.gather(1, idx)
     return w / w.sum(-1, keepdim=True) * scale, idx
-
-
-def test_moe_layer_must_not_modify_its_input():
-    def in_place(x, w, i, experts):
-        out = _sorted_layer(x, w, i, experts)
-        w.mul_(0)
-        return out
-    with pytest.raises(CheckFailed, match="modified its input `weights`"):
-        lab06.check_moe_layer_sorted(in_place)
 
 
 def test_update_bias_zero_step_ties_and_float32():

@@ -1,7 +1,7 @@
 """For each checker, its three most likely wrong answers (as a learner would write them), and the words its verdict
 must use to name each one as it is -- not a nearby mistake. Labs 00-05 and 09-10 here; labs 06-08 and 11-13 in
 test_wrong_answers_late.py. (Exercises whose lab test file already holds three or more named mistakes -- 0.3, 1.1-1.3,
-2.4, 3.1-3.3, 4.2-4.5, 5.2, 5.8 -- are counted by test_every_checker_has_three_named_mistakes.)
+2.4, 3.1-3.3, 4.2-4.8, 5.2, 5.8 -- are counted by test_every_checker_has_three_named_mistakes.)
 
 Each wrong answer runs on three seeds: a mistake must be named whatever the random cases are.
 """
@@ -10,6 +10,7 @@ import math
 import pytest
 
 from common.core.checks import CheckFailed
+from test_exercises_lab05 import fp8_linear
 from common.exercises import lab00, lab02, lab04, lab05, lab09, lab10
 from common.facts import hardware
 from common.systems.cluster import scaling
@@ -99,6 +100,12 @@ WRONG = {
         (lambda e, s, b: e / 8, "leaves out the scale"),
         (lambda e, s, b: e / 8 + s / b, "in bits, not bytes"),
         (lambda e, s, b: (e + s) / 8, "charges the whole scale to every element"),
+    ],
+    # ------------------------------------------------------------------------------------------- lab 05 (5.8)
+    lab05.check_fp8_linear: [
+        (lambda x, w: fp8_linear(x, w, "x_row"), "one activation scale per row"),
+        (lambda x, w: fp8_linear(x, w, "once"), "applied once"),
+        (lambda x, w: fp8_linear(x, w, "bytes_no_scales"), "leave out the scales"),
     ],
     # ------------------------------------------------------------------------------------------- lab 09
     lab09.check_aggregate_nvlink: [
@@ -233,8 +240,11 @@ IN_LAB_TESTS = {
     "4.2": ("04", ["test_online_softmax_no_rescale", "test_online_softmax_max_not_subtracted",
                    "test_online_softmax_must_be_online"]),
     "4.3": ("04", ["test_tiled_mistakes", "test_tiled_sdpa_is_not_the_loop"]),
-    "4.4": ("04", ["test_triton_mistakes", "test_triton_sdpa_is_not_the_kernel"]),
-    "4.5": ("04", ["test_tiled_backward_mistakes_named", "test_tiled_backward_autograd_is_not_the_backward",
+    "4.4": ("04_steps", ["test_step_mistakes_named", "test_triton_sdpa_is_not_the_kernel"]),
+    "4.5": ("04_steps", ["test_step_mistakes_named", "test_one_block_kernel_fails_the_loop"]),
+    "4.6": ("04_steps", ["test_step_mistakes_named"]),
+    "4.7": ("04_steps", ["test_step_mistakes_named", "test_triton_sdpa_is_not_the_kernel"]),
+    "4.8": ("04", ["test_tiled_backward_mistakes_named", "test_tiled_backward_autograd_is_not_the_backward",
                    "test_tiled_backward_swapped_blocks_caught"]),
     "5.1": ("05", ["test_format_facts_ieee_rule_for_e4m3", "test_format_facts_forgets_nan_code",
                    "test_format_facts_half_eps", "test_format_facts_from_the_reference_class"]),
@@ -245,8 +255,9 @@ IN_LAB_TESTS = {
     "5.5": ("05", ["test_nvfp4_fp32_block_scale", "test_nvfp4_no_tensor_scale", "test_nvfp4_block_of_32",
                    "test_nvfp4_block_scale_rounded_up"]),
     "5.6": ("05", ["test_promoted_never", "test_promoted_parameters_ignored", "test_promoted_no_restart"]),
-    "5.8": ("05", ["test_fine_grained_mistakes_named", "test_fine_grained_bf16_accumulation_named"]),
-    "6.3": ("06", ["test_moe_layer_sorted"]),
+    "5.8": ("05", ["test_fp8_linear_mistakes_named", "test_fp8_linear_zero_block_nan_named"]),
+    "6.3": ("06", ["test_dispatch_combine_mistakes_named"]),
+    "6.7": ("06", ["test_place_replicas_mistakes_named", "test_place_replicas_layout_and_validity_named"]),
     "6.6": ("06", ["test_replica_counts", "test_replica_counts_largest_remainders_named"]),
     "7.3": ("07", ["test_ring_wrong"]),
     "7.5": ("07", ["test_send_counts_wrong"]),

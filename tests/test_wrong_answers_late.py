@@ -1,5 +1,6 @@
 """Labs 06-08 and 11-13: each checker's three most likely wrong answers, and the words that name each one (see
-test_wrong_answers.py). 13.1 is another change's; 7.3's, 7.5's and 6.3's named mistakes live in their lab test files."""
+test_wrong_answers.py). 13.1 is another change's; 7.3's and 7.5's named mistakes live in their lab test files (6.3's
+and 6.7's ten or more too, with three of them here)."""
 import functools
 import math
 
@@ -7,8 +8,9 @@ import pytest
 import torch
 from learner import own_copy
 
-from common.exercises import lab06, lab07, lab08, lab11, lab12, lab13
+from common.exercises import eplb_place, lab06, lab07, lab08, lab11, lab12, lab13
 from common.moe import moe
+from test_exercises_lab06 import _from_gpus, dispatch_combine
 from test_wrong_answers import run_named
 
 def _durable(data, path, **wrong):
@@ -117,6 +119,16 @@ WRONG = {
         (lambda bias, load, g: bias - g * torch.sign(load.mean() - load), "sign is reversed"),
         (lambda bias, load, g: bias + g * (load.mean() - load), "proportional to the imbalance"),
         (lambda bias, load, g: bias + g * torch.where(load < load.mean(), 1.0, -1.0), "exactly the mean load"),
+    ],
+    lab06.check_dispatch_combine: [
+        (lambda x, w, i, ex: dispatch_combine(x, w, i, ex, "inverse_is_order"), "used `order` itself"),
+        (lambda x, w, i, ex: dispatch_combine(x, w, i, ex, "weights_twice"), "applied twice"),
+        (lambda x, w, i, ex: dispatch_combine(x, w, i, ex, "capacity"), "capacity"),
+    ],
+    lab06.check_place_replicas: [
+        (lambda load, r, g: _from_gpus(eplb_place.placement(load, r, g, "raw_load")), "raw load"),
+        (lambda load, r, g: _from_gpus(eplb_place.placement(load, r, g, "replica_carries_all")), "whole load"),
+        (lambda load, r, g: _from_gpus(eplb_place.placement(load, r, g, "lightest_first")), "lightest first"),
     ],
     lab06.check_expected_nodes: [
         (lambda e, k, n: n * (1 - (1 - 1 / n) ** k), "with replacement"),

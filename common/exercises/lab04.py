@@ -1,4 +1,5 @@
-"""Checkers for lab 04 (FlashAttention tiling): HBM bytes, online softmax, tiled attention, a Triton forward.
+"""Checkers for lab 04 (FlashAttention tiling): HBM bytes, online softmax, tiled attention, a Triton forward built in
+four steps (common.exercises.flash_steps), the tiled backward.
 
 Every check draws fresh random inputs and compares with SDPA in float64 on the CPU. When an answer is wrong, the
 checker tries the classic mistakes (no rescale when the max grows, max not subtracted, causal mask reversed or off by
@@ -6,11 +7,10 @@ one, a sequence length that is not a multiple of the block) and names the one th
 """
 from __future__ import annotations
 
-import contextlib
-
-from common.core.checks import CheckFailed, checker, expect, expect_equal, fail
+from common.core.checks import checker, expect, expect_equal, fail
 from common.exercises.attention_checks import TOL, check_attention, full_matrix_guard, rel_err
-from common.exercises.cases import Streamed, learner_call, record_launches, replayable
+from common.exercises.cases import Streamed, learner_call, replayable
+from common.exercises.flash_steps import check_step
 
 
 
@@ -153,81 +153,44 @@ def check_tiled_attention(tiled_attention, cases):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 4.4 the Triton forward
+# 4.4-4.7 the Triton forward, in four steps (common.exercises.flash_steps)
 
-@checker("4.4", "Triton FlashAttention forward", in_kernel="it watches the Triton launches")
+def _flash_references():
+    from common.kernels import attention
+    return (attention.flash_attention,)
+
+
+@checker("4.4", "one query tile against one key block (Triton)", in_kernel="it watches the Triton launches")
+@replayable
+def check_one_block(one_block_forward, cases):
+    """one_block_forward(q, k, v, causal) -> O from your kernel; N = BLOCK_N: the whole sequence is one key block."""
+    return check_step("4.4", one_block_forward, cases, _flash_references())
+
+
+@checker("4.5", "the key loop with the online softmax (Triton)", in_kernel="it watches the Triton launches")
+@replayable
+def check_flash_loop(loop_forward, cases):
+    """loop_forward(q, k, v, causal) -> O; N a multiple of both blocks, non-causal."""
+    return check_step("4.5", loop_forward, cases, _flash_references())
+
+
+@checker("4.6", "ragged ends: any sequence length (Triton)",
+         in_kernel="it watches the Triton launches and reads the kernel's source")
+@replayable
+def check_ragged(ragged_forward, cases):
+    """ragged_forward(q, k, v, causal) -> O for any N, non-causal; every load and store masked."""
+    return check_step("4.6", ragged_forward, cases, _flash_references())
+
+
+@checker("4.7", "Triton FlashAttention forward, causal (the full kernel)", in_kernel="it watches the Triton launches")
 @replayable
 def check_triton_forward(flash_forward, cases):
     """flash_forward(q, k, v, causal) -> O from your Triton kernel; float32 on a CPU, bf16 and fp16 on a GPU."""
-    import torch
-
-    from common.kernels import attention
-    seed, rng = cases.seed, cases.rng
-    if torch.cuda.is_available():
-        device, dtypes = "cuda", (torch.bfloat16, torch.float16)
-        n_odd = rng.choice([x for x in range(600, 1500) if x % 128])
-        cases_ = [(2, 4, 1024, 64, False, False), (2, 4, n_odd, 128, False, False), (1, 4, 1024, 128, True, False),
-                  (2, 2, n_odd, 64, True, False), (1, 2, 512, 64, False, True)]
-        hint = (64, 128)
-    else:  # the interpreter's blocks made unequal (64 query rows x 32 keys), so that a BLOCK_M/BLOCK_N swap shows
-        device, dtypes = "cpu", (torch.float32,)
-        n_odd = rng.choice([x for x in range(70, 190) if x % 64])
-        cases_ = [(1, 2, 128, 64, False, False), (1, 1, n_odd, 64, False, False), (1, 1, 128, 64, True, False),
-                  (1, 1, rng.choice([x for x in range(70, 190) if x % 64]), 64, True, False),
-                  (1, 1, rng.randint(20, 60), 128, True, False), (1, 1, rng.randint(70, 120), 64, False, True)]
-        hint = (32, 64)
-    launched = []
-
-    def fn(q, k, v, causal):
-        with record_launches() as launches:
-            out = flash_forward(q, k, v, causal)
-        launched.extend(launches)
-        return out
-    total = 0
-    for dtype in dtypes:
-        with _cpu_blocks(64, 32):
-            try:
-                total += check_attention(fn, cases_, dtype, device, hint, "flash_forward", seed,
-                                          references=(attention.flash_attention,))
-            except CheckFailed as exc:
-                _name_a_swap(fn, cases_, dtype, device, seed, exc)
-                raise
-        expect(launched, "the values are right, but no Triton kernel was launched -- the exercise is the kernel "
-                         "(torch's SDPA or a PyTorch loop is not it): launch flash_fwd_kernel through "
-                         "attention.launch_forward")
-    names = "/".join(str(d).replace("torch.", "") for d in dtypes)
-    return f"matches SDPA ({names}) in {total} cases: causal, non-causal, head dims 64 and 128, N not a " \
-           f"multiple of the block"
-
-
-@contextlib.contextmanager
-def _cpu_blocks(block_m: int, block_n: int):
-    """The interpreter's default BLOCK_M x BLOCK_N inside (attention.launch_forward on a CPU)."""
-    from common.kernels.attention import triton_forward
-    saved = triton_forward.CPU_BLOCKS
-    triton_forward.CPU_BLOCKS = (block_m, block_n)
-    try:
-        yield
-    finally:
-        triton_forward.CPU_BLOCKS = saved
-
-
-def _name_a_swap(fn, cases_, dtype, device, seed, exc) -> None:
-    """Wrong with 64 x 32 blocks but right with 64 x 64: BLOCK_M and BLOCK_N are mixed up somewhere."""
-    if device != "cpu":
-        return
-    try:
-        with _cpu_blocks(64, 64), contextlib.redirect_stdout(None):
-            check_attention(fn, cases_, dtype, device, (64, 64), "flash_forward", seed)
-    except CheckFailed:
-        return
-    raise CheckFailed(f"{exc} -- right with BLOCK_M = BLOCK_N = 64 but wrong with BLOCK_M=64, BLOCK_N=32: BLOCK_M "
-                      f"(the query rows of a program) and BLOCK_N (the keys of one step) are swapped somewhere (the "
-                      f"offsets, the loop step or the causal bound)") from None
+    return check_step("4.7", flash_forward, cases, _flash_references())
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 4.5 the backward pass in PyTorch, tiled
+# 4.8 the backward pass in PyTorch, tiled
 
 def _bwd_variant(q, k, v, do, causal, scale, bm, bn, mistake=None):
     """Gradients of attention in float64 with full matrices, right or with one named mistake (for the diagnosis)."""
@@ -272,7 +235,7 @@ _BWD_MISTAKES = {
 }
 
 
-@checker("4.5", "tiled attention backward in PyTorch",
+@checker("4.8", "tiled attention backward in PyTorch",
          in_kernel="it watches the learner's tensor operations (no N x N matrix, block sizes)")
 @replayable
 def check_tiled_backward(tiled_backward, cases):

@@ -1,5 +1,6 @@
 """Checkers for lab 05 (low precision): formats from the bit layout, rounding, FP8 tiles, MX and NVFP4 block
-scaling, promoted accumulation, bytes per parameter, the fine-grained FP8 GEMM. Each runs fixed cases (every format
+scaling, promoted accumulation, bytes per parameter, and the build exercise: DeepSeek-V3's FP8 linear layer end to end
+(common.exercises.fp8_linear). Each runs fixed cases (every format
 and block shape it accepts, asymmetric shapes first) and then random ones drawn from a fresh seed, which a failure
 prints (pass `seed=` to the check to replay it); each compares with common.kernels.lowp / common.kernels.scaled_gemm."""
 from __future__ import annotations
@@ -22,6 +23,7 @@ from common.exercises.blockwise import (
     unpack,
     with_zero_block,
 )
+from common.exercises import fp8_linear as _fp8
 from common.exercises.cases import learner_call, replayable
 from common.kernels import lowp, scaled_gemm
 
@@ -38,7 +40,7 @@ _REFERENCES = {
     "5.5": (lowp.quantize, lowp.fake_quantize),
     "5.6": (lowp.accumulate,),
     "5.7": (lowp.bytes_per_param,),
-    "5.8": (scaled_gemm.scaled_mm_fine_grained,),
+    "5.8": (scaled_gemm.scaled_mm_fine_grained, scaled_gemm.quantize_fp8, lowp.quantize, lowp.fake_quantize),
 }
 
 
@@ -171,8 +173,8 @@ def check_quantize_fp8_blockwise(quantize_fp8_blockwise, cases):
     expect_refusal(quantize_fp8_blockwise, "quantize_fp8_blockwise(x of shape (100, 256), block=(128, 128))",
                     rand_tensor(100, 256, gen), (128, 128))
     _refuse_references(used, "compute the block scales and the rounding")
-    return ("1x128 tiles, 128x128 blocks and a 2x64 block right, all-zero blocks without NaN; a block that does not "
-            "tile x (K or rows) is refused")
+    return ("1x128 tiles, 128x128 blocks and a 2x64 block right, all-zero blocks with finite scales; a block that does "
+            "not tile x (K or rows) is refused")
 
 
 # ---------------------------------------------------------------------------------------------- 5.4
@@ -213,7 +215,7 @@ def check_mx_quantize(mx_quantize, cases):
         check_elements(q, x, expand(s, 1, block), elem)
     _refuse_references(used, "compute the E8M0 scales")
     return ("MXFP4, MXFP8 (E4M3 and E5M2) right for blocks of 16, 32 and 64: power-of-two scales along K, "
-            "saturation above the element max, all-zero blocks without NaN")
+            "saturation above the element max, all-zero blocks with finite scales")
 
 
 # ---------------------------------------------------------------------------------------------- 5.5
@@ -266,7 +268,7 @@ def check_nvfp4_quantize(nvfp4_quantize, cases):
         check_elements(q, x, torch.where(s_full > 0, s_full, torch.ones_like(s_full)), lowp.e2m1, ignore=s_full == 0)
     _refuse_references(used, "compute the two levels of scales")
     return ("tensor scale, E4M3 block scales per 16 elements and E2M1 elements right for amax from 1e-3 to 1e4; "
-            "all-zero blocks give q = 0, not NaN")
+            "all-zero blocks give q = 0 and a finite scale")
 
 
 def _e4m3_up(v):
@@ -358,98 +360,10 @@ def check_bytes_per_param(bytes_per_param, cases):
     return "right for MXFP8 (1.03125), MXFP4 (0.53125), NVFP4 (0.5625) and DeepSeek's FP8 tiles"
 
 # ---------------------------------------------------------------------------------------------- 5.8
-def _fine_grained_case(M, N, K, gen):
-    """FP8 operands with 1x128 activation tiles and 128x128 weight blocks whose scales differ a lot block to block
-    (so per-tensor scales, a scale on the wrong axis or a scale applied once are far from right)."""
-    x = rand_tensor(M, K, gen, spread=1.0)
-    x *= torch.exp(1.5 * torch.randn(1, K // 128, generator=gen)).repeat_interleave(128, 1)
-    w = torch.randn(N, K, generator=gen) * 0.02
-    w *= torch.exp(1.5 * torch.randn(N // 128, K // 128, generator=gen)).repeat_interleave(128, 0).repeat_interleave(
-        128, 1)
-    xq, xs = scaled_gemm.quantize_fp8(x, scaled_gemm.ACTIVATION_TILE)
-    wq, ws = scaled_gemm.quantize_fp8(w, scaled_gemm.WEIGHT_BLOCK)
-    return xq, xs, wq, ws
-
-
-def _fine_grained_mistakes(xq, xs, wq, ws):
-    """(name, result) of the classic mistakes, each by its own formula (float64)."""
-    a, b = xq.double(), wq.double()
-    full = a @ b.T
-    nk = xs.shape[1]
-    parts = [a[:, k * 128:(k + 1) * 128] @ b[:, k * 128:(k + 1) * 128].T for k in range(nk)]
-    wcol = ws.double().repeat_interleave(128, 0)  # (N, K/128)
-    out = [("forgot to dequantise: no scale applied at all (the product of the raw FP8 codes)", full),
-           ("per-tensor scales instead of per-block ones (one amax scale for each operand)",
-            full * xs.double().max() * ws.double().max()),
-           ("the scales applied once after summing all of K (no per-K-block promotion): the first K-block's "
-            "scales scale every block", full * xs.double()[:, :1] * wcol[:, :1].T),
-           ("the scales applied once after summing all of K (no per-K-block promotion): the mean scale over the "
-            "K-blocks", full * xs.double().mean(1, keepdim=True) * wcol.mean(1)[None, :]),
-           ("the activation scale left out (only the weight scales applied)",
-            sum(p * wcol[:, k][None, :] for k, p in enumerate(parts))),
-           ("the weight scale left out (only the activation scales applied)",
-            sum(p * xs.double()[:, k:k + 1] for k, p in enumerate(parts)))]
-    scaled = [p * xs.double()[:, k:k + 1] * wcol[:, k][None, :] for k, p in enumerate(parts)]
-    bf16 = lambda t: t.to(torch.bfloat16).double()  # noqa: E731
-    out.append(("each K-block's product rounded to bfloat16 before the sum (out_dtype=torch.bfloat16 per block): "
-                "keep the K-block products in float32 and round once, at the end", sum(bf16(p) for p in scaled)))
-    running = torch.zeros_like(full)
-    for p in scaled:  # y accumulated in bfloat16, block after block
-        running = bf16(running + bf16(p))
-    out.append(("the K-block sums were accumulated in bfloat16 (no promotion to FP32): each addition rounds to 8 "
-                "bits -- sum the K-blocks in float32, then cast once", running))
-    if ws.shape[0] == ws.shape[1]:
-        wt = ws.double().T.repeat_interleave(128, 0)
-        out.append(("weight scales on the wrong axis: ws[k, n_block] used where ws[n_block, k] is meant (ws is "
-                    "(N/128, K/128): rows follow the output columns, columns the K-blocks)",
-                    sum(p * xs.double()[:, k:k + 1] * wt[:, k][None, :] for k, p in enumerate(parts))))
-    return out
-
-
-@checker("5.8", "fine-grained FP8 GEMM with per-K-block promotion")
+@checker("5.8", "DeepSeek-V3's FP8 linear layer, end to end")
 @replayable
-def check_fine_grained_gemm(fine_grained_gemm, cases):
-    """fine_grained_gemm(xq, xs, wq, ws) -> y (M, N) = x @ w.T: xq (M, K) and wq (N, K) float8_e4m3fn, xs (M, K/128)
-    activation-tile scales, ws (N/128, K/128) weight-block scales; per K-block the FP8 product times xs[:, k] and
-    ws[n // 128, k], summed in FP32."""
-    gen, rng, used = cases.gen, cases.rng, set()
-    cases_ = [(3, 256, 256), (5, 256, 384), (rng.randint(1, 40), 128 * rng.randint(1, 3), 128 * rng.randint(1, 4))]
-    for M, N, K in cases_:
-        xq, xs, wq, ws = _fine_grained_case(M, N, K, gen)
-        args = (xq.clone(), xs.clone(), wq.clone(), ws.clone())
-        what = f"fine_grained_gemm(xq {tuple(xq.shape)}, xs {tuple(xs.shape)}, wq {tuple(wq.shape)}, ws {tuple(ws.shape)})"
-        got = learner_call(fine_grained_gemm, args, what, _REFERENCES["5.8"], used)
-        for name, a, b in zip(("xq", "xs", "wq", "ws"), args, (xq, xs, wq, ws)):
-            expect(torch.equal(a.view(torch.uint8) if a.dtype == scaled_gemm.FP8 else a,
-                               b.view(torch.uint8) if b.dtype == scaled_gemm.FP8 else b),
-                   f"{what} modified its input {name}; a GEMM must leave its operands alone")
-        if not isinstance(got, torch.Tensor):
-            fail(f"{what} returned {type(got).__name__}; expected a torch.Tensor of shape {(M, N)}")
-        expect_equal(tuple(got.shape), (M, N), f"{what}: shape of y")
-        if got.dtype == scaled_gemm.FP8:
-            fail(f"{what} returned float8: the output of a scaled GEMM is float32 (or bfloat16); pass "
-                 f"out_dtype=torch.float32 to torch._scaled_mm")
-        ref = scaled_gemm.dequantize_fp8(xq, xs, scaled_gemm.ACTIVATION_TILE) @ scaled_gemm.dequantize_fp8(
-            wq, ws, scaled_gemm.WEIGHT_BLOCK).T
-        g = got.detach().to(torch.float64)
-        scale = float(ref.abs().max())
-        # an FP32 sum agrees to ~1e-6 of max|y|; a 16-bit output rounded ONCE is within one unit in its last place
-        # of each element (8 bits for bfloat16, 11 for float16) -- a sum kept in 16 bits is not
-        bits = {torch.bfloat16: 8, torch.float16: 11}.get(got.dtype)
-        allowed = (2.0 ** (torch.floor(torch.log2(ref.abs().clamp_min(1e-300))) - bits + 1) + 1e-5 * scale
-                   if bits else 1e-4 * scale)
-        if bool(((g - ref).abs() > allowed).any()):
-            off = float((g - ref).abs().max())
-            near = sorted((float((g - wrong).abs().max()), name) for name, wrong in _fine_grained_mistakes(xq, xs, wq, ws)
-                          if float((g - wrong).abs().max()) <= 2e-2 * float(wrong.abs().max()))
-            if near and near[0][0] < off:  # the mistake that explains the answer best
-                fail(f"{what}: {near[0][1]}. Expected y[0, 0] = {float(ref[0, 0]):.9g}, got {float(g[0, 0]):.9g}. "
-                     f"Per K-block k: y += (xq[:, k-block] @ wq[:, k-block].T) * xs[:, k] * ws[n // 128, k]")
-            idx = tuple(int(i) for i in torch.nonzero((g - ref).abs() > allowed)[0])
-            fail(f"{what}: y{idx} = {float(g[idx]):.9g}, expected {float(ref[idx]):.9g} (allowed "
-                 f"{float(allowed[idx] if bits else allowed):.3g} for a {str(got.dtype).replace('torch.', '')} "
-                 f"result: " + ("one rounding of an FP32 sum" if bits else "an FP32 sum") + ")")
-    _refuse_references(used, "write the per-K-block loop with torch._scaled_mm (the reference in common/kernels/scaled_gemm.py "
-                             "is what it is checked against)")
-    return ("per-K-block FP8 products scaled by their 1x128 and 128x128 scales and summed in FP32, for 3 shapes "
-            "(K/128 = N/128 and not)")
+def check_fp8_linear(fp8_linear, cases):
+    """fp8_linear(x, w) -> (y, nbytes): x (M, K) and w (N, K) float32 quantized to FP8 E4M3 with 1x128 activation
+    tiles and 128x128 weight blocks (FP32 scale amax / 448), y = x @ w.T from per-K-block FP8 products promoted into
+    FP32 with the scales, nbytes the quantized operands with their scales (common.exercises.fp8_linear)."""
+    return _fp8.check(fp8_linear, cases, _REFERENCES["5.8"])

@@ -1,5 +1,6 @@
-"""Checkers for lab 06 (MoE routing): expert parameters, the DeepSeek-V3 gate, a sorted MoE layer, the
-auxiliary-loss-free bias update, nodes per token, and EPLB's replication."""
+"""Checkers for lab 06 (MoE routing): expert parameters, the DeepSeek-V3 gate, dispatch and combine (a build
+exercise: common.exercises.moe_dispatch), the auxiliary-loss-free bias update, nodes per token, and EPLB's
+replication and placement (the second build exercise: common.exercises.eplb_place)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +8,9 @@ import math
 import torch
 
 from common.core.checks import checker, expect, expect_close, expect_equal, fail
-from common.exercises.cases import digits, fresh_cases, learner_call
+from common.exercises import eplb_place as _place
+from common.exercises import moe_dispatch as _dispatch
+from common.exercises.cases import digits, fresh_cases, learner_call, replayable
 from common.moe import eplb, moe
 
 # ---------------------------------------------------------------- 6.1
@@ -152,57 +155,15 @@ def _group_by_max(logits, bias, k, ng, tg, fill=float("-inf"), top2=False):
 
 # ---------------------------------------------------------------- 6.3
 
-class _CountingExperts:
-    """Wraps moe.Experts and counts forward calls (a grouped layer calls each expert at most once)."""
-
-    def __init__(self, experts):
-        self._experts = experts
-        self.calls = 0
-        self.rows = 0
-        self.num_experts = experts.num_experts
-
-    def forward(self, e, x):
-        self.calls += 1
-        self.rows += x.shape[0]
-        return self._experts.forward(e, x)
-
-
-@checker("6.3", "a sorted (grouped) MoE layer")
-def check_moe_layer_sorted(moe_layer_sorted):
-    """moe_layer_sorted(x [T, H], weights [T, k], indices [T, k], experts) -> [T, H], each expert called once."""
-    with fresh_cases() as cases:
-        rng, gen = cases.rng, cases.gen
-        for t, e, k, h in [(rng.randint(20, 120), 8, 2, 16), (rng.randint(1, 9), 16, 4, 8), (97, 6, 3, 12)]:
-            x = torch.randn(t, h, dtype=torch.float64, generator=gen)
-            experts = moe.make_experts(e, h, 24, seed=rng.randint(0, 10**6), dtype=torch.float64)
-            logits = torch.randn(t, e, dtype=torch.float64, generator=gen)
-            logits[:, 0] -= 50  # expert 0 receives no token: the layer must cope with empty slices
-            w, i = moe.deepseek_v3_gate(logits, None, k, 1, 1, 2.0)
-            counting = _CountingExperts(experts)
-            args = f"T={t}, E={e}, k={k}"
-            xs, ws, ids = x.clone(), w.clone(), i.clone()
-            got = learner_call(moe_layer_sorted, (xs, ws, ids, counting),
-                               f"moe_layer_sorted(x [{t}, {h}], weights [{t}, {k}], indices [{t}, {k}], experts)",
-                               references=(moe.moe_grouped,))
-            expect(got is not None, "moe_layer_sorted returned None -- return the [T, H] output")
-            for name, before, after in (("x", x, xs), ("weights", w, ws), ("indices", i, ids)):
-                expect(torch.equal(before, after), f"{args}: your layer modified its input `{name}` in place; "
-                                                   f"work on copies (the caller still needs it)")
-            try:
-                got = torch.as_tensor(got)
-            except (TypeError, ValueError, RuntimeError) as exc:
-                fail(f"{args}: return a [T, H] tensor; got {type(got).__name__} ({exc})")
-            ref = moe.moe_dense_reference(x, w, i, experts)
-            expect(tuple(got.shape) == (t, h), f"{args}: output must be [T, H] = [{t}, {h}], got {tuple(got.shape)}")
-            unweighted = moe.moe_dense_reference(x, torch.ones_like(w), i, experts)
-            if torch.allclose(got.to(torch.float64), unweighted, rtol=1e-6, atol=1e-9):
-                fail(f"{args}: the expert outputs were summed without the gate weights; multiply each by its weight")
-            expect(counting.calls <= e, f"{args}: the experts were called {counting.calls} times; sort the "
-                                        f"assignments by expert and call each expert once on its contiguous slice")
-            expect(counting.rows == t * k, f"{args}: the experts saw {counting.rows} rows in all; with T*k = "
-                                           f"{t * k} assignments each (token, expert) pair is computed exactly once")
-            expect_close(got, ref, f"{args}: output vs the dense masked reference", rtol=1e-6, atol=1e-9)
-    return "matches the dense masked reference, one call per expert, empty experts handled, inputs untouched"
+@checker("6.3", "dispatch and combine: an MoE layer for top-k routing",
+         in_kernel="it back-propagates through the learner's layer")
+@replayable
+def check_dispatch_combine(moe_dispatch_combine, cases):
+    """moe_dispatch_combine(x [T, H], weights [T, k], indices [T, k], experts) -> [T, H], each expert called once
+    on its rows; bit for bit against moe.moe_grouped on exact cases, and its gradient
+    (common.exercises.moe_dispatch)."""
+    return _dispatch.check(moe_dispatch_combine, cases, (moe.moe_grouped, moe.dispatch_plan, moe.dispatch,
+                                                         moe.combine, moe.moe_dense_reference))
 
 
 # ---------------------------------------------------------------- 6.4
@@ -366,3 +327,14 @@ def check_replica_counts(replica_counts):
                 continue  # a different tie-break of the same rule
             expect_equal(got, ref, args)
     return "one replica each, then each spare to the largest load per replica (DeepSeek's EPLB rule), ties either way"
+
+
+# ---------------------------------------------------------------- 6.7
+
+@checker("6.7", "EPLB: place the replicas of one layer on GPUs")
+@replayable
+def check_place_replicas(place_replicas, cases):
+    """place_replicas(load [E], num_replicas, num_gpus) -> phy2log [num_replicas], slot p on GPU p // (R / G);
+    against eplb.rebalance_experts (global policy) on max/mean GPU load (common.exercises.eplb_place)."""
+    return _place.check(place_replicas, cases, (eplb.rebalance_experts, eplb.replicate_experts,
+                                                eplb.balanced_packing, eplb.rebalance_hierarchical))

@@ -71,6 +71,26 @@ def _deepgemm_best() -> Published:
                      _rates_source("deepgemm_a6d97a1"))
 
 
+def _deepgemm_over_bf16() -> Published:
+    table = _kernel_rates()["deepgemm_fp8"]["normal"]
+    m, n, k, tflops = max(table, key=lambda row: row[3])[:4]
+    bf16 = hardware.peak_tflops("H800-SXM", "bf16")
+    return Published(tflops / bf16, "x", "H800 SXM", f"DeepGEMM's fastest FP8 GEMM ({m} x {n} x {k}, 1x128 / 128x128 "
+                     f"scales, promoted in FP32): {tflops:,} TFLOP/s, over the {bf16:,} TFLOP/s dense BF16 peak",
+                     f"{_rates_source('deepgemm_a6d97a1')}; {_datasheet('H800-SXM', 'tflops')}")
+
+
+def _deepgemm_grouped_vs_dense() -> Published:
+    """DeepGEMM's grouped (contiguous-layout) FP8 GEMM over experts against its dense GEMM of the same N and K."""
+    rates = _kernel_rates()["deepgemm_fp8"]
+    groups, m, n, k, grouped = rates["grouped_contiguous"][0][:5]
+    dense = next(row[3] for row in rates["normal"] if row[1] == n and row[2] == k and row[0] == 4096)
+    return Published(grouped / dense, "x", "H800 SXM", f"DeepGEMM's grouped FP8 GEMM, {groups} experts x {m:,} rows, "
+                     f"N = {n:,}, K = {k:,}: {grouped:,} TFLOP/s, against its dense 4096 x {n:,} x {k:,} GEMM at "
+                     f"{dense:,}: experts sorted into contiguous slices run as fast as one big GEMM",
+                     _rates_source("deepgemm_a6d97a1"))
+
+
 def _deepgemm_grouped() -> Published:
     table = _kernel_rates()["deepgemm_fp8"]["grouped_contiguous"]
     groups, m, n, k, tflops = max(table, key=lambda row: row[4])[:5]
@@ -101,6 +121,31 @@ def _fa3_forward() -> Published:
                      _rates_source("fa3_paper"))
 
 
+def _fa3_over_standard(n: int = 4096, d: int = 128) -> Published:
+    """FlashAttention-3's forward against the fastest standard attention (Algorithm 0: S and P written to HBM and
+    read back, 2 (4 N d + 4 N^2) bytes per head in bf16) could run on the same H100: its HBM-roofline bound."""
+    fa3 = _kernel_rates()["flash_attention_3"]
+    tflops = fa3["forward"]["noncausal"][str(d)][fa3["seqlens"].index(n)]
+    bw = hardware.gpu("H100-SXM").hbm_bandwidth_tbs * 1e12
+    peak = hardware.peak_tflops("H100-SXM", "bf16") * 1e12
+    flops, nbytes = 4 * n * n * d, 2 * (4 * n * d + 4 * n * n)
+    bound = min(peak, flops / nbytes * bw) / 1e12
+    return Published(tflops / bound, "x", "H100 SXM",
+                     f"FlashAttention-3 forward ({tflops} TFLOP/s, N = {n:,}, d = {d}, bf16) over the most standard "
+                     f"attention can reach when S and P go through HBM ({bound:.0f} TFLOP/s: {flops / nbytes:.0f} "
+                     f"FLOP/B x {bw / 1e12:.2f} TB/s, datasheet)",
+                     f"{_rates_source('fa3_paper')}; {_datasheet('H100-SXM', 'hbm_bandwidth_tbs')}")
+
+
+def _fa3_backward(d: int = 128) -> Published:
+    fa3 = _kernel_rates()["flash_attention_3"]
+    tflops = fa3["backward"]["noncausal"][str(d)][-1]
+    peak = hardware.peak_tflops("H100-SXM", "bf16")
+    return Published(tflops, "TFLOP/s", "H100 SXM", f"FlashAttention-3 backward, head dim {d}, {fa3['seqlens'][-1]:,} "
+                     f"tokens, bf16: {100 * tflops / peak:.0f}% of the {peak} TFLOP/s dense peak (FLOPs counted as "
+                     f"2.5x the forward's)", _rates_source("fa3_paper"))
+
+
 def _liger(key: str, over: str, what: str) -> Published:
     return Published(_fact(f"liger.rmsnorm_fwd_ms.{over}") / _fact(f"liger.rmsnorm_fwd_ms.{key}"), "x", "H100 NVL",
                      what, _source("liger.rmsnorm_fwd_ms.liger"))
@@ -125,7 +170,16 @@ _FIGURES: dict[str, Callable[[], Published]] = {
     "deepseek.h800_exposed_comm_share": lambda: _deepseek(
         "share of the step in which DeepEP's all-to-all runs with no compute beside it",
         lambda p: 100 * p["overlap"]["exposed_comm_ms"] / p["step"]["gpu_ms"], "% of the step"),
+    "deepgemm.fp8_over_bf16_peak": _deepgemm_over_bf16,
+    "deepgemm.grouped_vs_dense": _deepgemm_grouped_vs_dense,
+    "deepseek.fp8_accumulation_error": lambda: Published(
+        100 * _fact("deepseek.fp8_accumulation_max_rel_error_k4096"), "% maximum relative error", "H800 SXM",
+        "an FP8 GEMM at K = 4,096 accumulated in the tensor cores' limited precision (about 14 bits), before "
+        "DeepSeek's promotion to FP32 every 128 elements (the report: 'nearly 2%')",
+        _source("deepseek.fp8_accumulation_max_rel_error_k4096")),
     "fa3.forward_fraction_of_peak": _fa3_forward,
+    "fa3.over_standard_attention_bound": _fa3_over_standard,
+    "fa3.backward_tflops": _fa3_backward,
     "liger.rmsnorm_fused_vs_eager": lambda: _liger(
         "liger", "huggingface", "a fused Triton RMSNorm forward vs eager PyTorch (one kernel per op), 2048 x 4096 bf16"),
     "liger.rmsnorm_fused_vs_compile": lambda: _liger(

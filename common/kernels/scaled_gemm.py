@@ -108,11 +108,25 @@ def scaled_mm_fine_grained(xq, xs, wq, ws, use_fast_accum: bool = False, block_k
     return acc
 
 
+def fp8_operand_bytes(M: int, N: int, K: int) -> int:
+    """Bytes of x (M, K) and w (N, K) in FP8 with DeepSeek's FP32 scales: one per 1x128 activation tile, one per
+    128x128 weight block."""
+    return M * K + N * K + 4 * (M * (K // BLOCK_K) + (N // BLOCK_K) * (K // BLOCK_K))
+
+
 def scaled_mm_blockwise_native(xq, xs, wq, ws, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """One `_scaled_mm` call with DeepSeek's block scales (CUDA, cuBLAS >= 12.9); raises RuntimeError where the
-    build or device does not offer it (the CPU does not). Tries the scale layouts cuBLAS may require."""
+    """One scaled-GEMM call with DeepSeek's block scales (CUDA, cuBLAS >= 12.9): `torch.nn.functional.scaled_mm` with
+    ScalingType.BlockWise1x128 / BlockWise128x128 where torch has it, else `torch._scaled_mm` in the scale layouts
+    cuBLAS may require; raises RuntimeError where the build or device offers none (the CPU does not)."""
     _check_operands(xq, wq)
     errors = []
+    F = torch.nn.functional
+    if hasattr(F, "scaled_mm") and hasattr(F, "ScalingType"):
+        try:
+            return F.scaled_mm(xq, wq.t(), xs.float(), F.ScalingType.BlockWise1x128, ws.float(),
+                               F.ScalingType.BlockWise128x128, output_dtype=out_dtype)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            errors.append(f"F.scaled_mm BlockWise1x128 / BlockWise128x128: {str(exc).splitlines()[0]}")
     a_layouts = [("scale_a row-major", xs.contiguous()), ("scale_a M-major", xs.t().contiguous().t())]
     b_layouts = [("scale_b row-major", ws.t().contiguous()), ("scale_b N-major", ws.contiguous().t())]
     for (na, sa), (nb, sb) in [(a, b) for a in a_layouts for b in b_layouts]:
@@ -122,6 +136,17 @@ def scaled_mm_blockwise_native(xq, xs, wq, ws, out_dtype=torch.bfloat16) -> torc
         except (RuntimeError, ValueError) as exc:
             errors.append(f"{name}: {str(exc).splitlines()[0]}")
     raise RuntimeError("blockwise _scaled_mm unavailable here -- " + " | ".join(errors))
+
+
+def blockwise_native_available(xq, xs, wq, ws) -> str:
+    """In words: does this device run DeepSeek's block-scaled FP8 GEMM in one call, and does it agree with the
+    per-K-block promotion? (A GPU check: on a CPU torch refuses the layout.)"""
+    try:
+        y = scaled_mm_blockwise_native(xq, xs, wq, ws, out_dtype=torch.float32)
+    except RuntimeError as exc:
+        return f"no -- {str(exc)[:160]}"
+    err = lowp.rel_error(scaled_mm_fine_grained(xq, xs, wq, ws).double(), y.double())
+    return f"yes, relative difference from the per-K-block promotion {err:.1e}"
 
 
 def gemm_flops(M: int, N: int, K: int) -> float:

@@ -27,6 +27,9 @@ from common.kernels.attention.bench import (
                                             benchmark,
                                             implementation,
                                             ratio_table,
+                                            sdpa_backend,
+                                            seconds_per_flop,
+                                            softmax_seconds_per_element,
                                             train_benchmark,
                                             train_ratio_table,
 )

@@ -164,3 +164,36 @@ def train_ratio_table(rows: list[dict], unit: str = "TFLOP/s"):
         out[f"{p} sdpa"] = wide[(p, "sdpa")]
         out[f"{p} ratio"] = wide[(p, "triton")] / wide[(p, "sdpa")]
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# what a CPU run needs to explain itself: SDPA's path, the roof in the same threads and dtype, the cache
+
+def sdpa_backend(q, k, v, causal: bool = False) -> str:
+    """The backend torch's SDPA picks for these inputs (`torch._fused_sdp_choice`): FLASH_ATTENTION on a CPU is
+    ATen's fused flash-attention kernel for CPUs (blocks of queries and keys, S and P never stored whole), MATH the
+    unfused composite of matmul, softmax and matmul; "unknown" where this torch does not say."""
+    import torch
+    try:
+        from torch.nn.attention import SDPBackend
+        return SDPBackend(int(torch._fused_sdp_choice(q, k, v, None, 0.0, causal))).name
+    except (AttributeError, ImportError, RuntimeError, TypeError, ValueError):
+        return "unknown"
+
+
+def softmax_seconds_per_element(s, min_run_time: float = 0.02) -> float:
+    """One timing (median of `timing.bench`) of the row softmax naive attention runs over its scores `s` (reads S,
+    writes P), per element: comparable across sizes, so a step shows where S leaves a cache."""
+    import torch
+
+    from common.core import timing
+    t = timing.bench(torch.softmax, s, -1, device=s.device.type, min_run_time=min_run_time, warmup=1)
+    return t.median_s / s.numel()
+
+
+def seconds_per_flop(fn, q, k, v, causal: bool = False, min_run_time: float = 0.02) -> float:
+    """One timing of fn(q, k, v) (median of `timing.bench`), per FLOP of attention: comparable across lengths."""
+    from common.core import timing
+    b, h, n, d = q.shape
+    t = timing.bench(fn, q, k, v, device=q.device.type, min_run_time=min_run_time, warmup=1)
+    return t.median_s / attention_flops(b, h, n, d, causal)

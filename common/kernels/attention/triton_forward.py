@@ -11,6 +11,8 @@ from common.kernels.attention.triton_kernels import build_kernels
 # Launch shapes of the Triton kernel interpreted on a CPU: few, large blocks (the interpreter pays per operation).
 # Compiled on a GPU it is autotuned (launch_configs.GPU_CONFIGS; BLOCK_M must be a multiple of BLOCK_N).
 CPU_BLOCKS = (64, 64)
+# (BLOCK_M, BLOCK_N) for every launch that names no blocks, on any device, when set (a checker's cases set it).
+BLOCKS: tuple[int, int] | None = None
 
 
 def _kernel_source(kernel) -> str:
@@ -28,8 +30,9 @@ def launch_forward(kernel, q, k, v, causal: bool = False, block_m: int | None = 
     """Run a FlashAttention forward `kernel` (the signature of `flash_fwd_kernel`) on (B, H, N, D) tensors.
 
     The launcher makes q, k, v contiguous, allocates O, and launches a grid (ceil(N / BLOCK_M), B * H). Block sizes:
-    given, else CPU_BLOCKS under the interpreter and (128, 64) compiled. An autotuned kernel picks its own. O is
-    allocated with a guard zone behind it (`guard=True`), and a kernel that writes past the end of O is reported.
+    given, else `BLOCKS` when set, else CPU_BLOCKS under the interpreter and (128, 64) compiled. An autotuned kernel
+    picks its own. O is allocated with a guard zone behind it (`guard=True`), and a kernel that writes past the end
+    of O is reported. `sm_scale` passed to the kernel is 1/sqrt(d) (no log2(e) folded in) unless `scale` is given.
     """
     import torch
     b, h, n, d = check_kernel_inputs(q, k, v, "forward")
@@ -48,10 +51,8 @@ def launch_forward(kernel, q, k, v, causal: bool = False, block_m: int | None = 
         grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * h)  # noqa: E731
         kernel[grid](qc, kc, vc, o, scale, n, HEAD_DIM=d, CAUSAL=bool(causal), **constexprs)
     else:
-        dm, dn = CPU_BLOCKS if (_interpreted() or q.device.type == "cpu") else (128, 64)
+        dm, dn = BLOCKS or (CPU_BLOCKS if (_interpreted() or q.device.type == "cpu") else (128, 64))
         block_m, block_n = block_m or dm, block_n or dn
-        if block_m % block_n:
-            raise ValueError(f"block_m={block_m} must be a multiple of block_n={block_n}")
         if q.device.type == "cuda":
             _refuse_if_too_big("fwd", block_m, block_n, d, constexprs.get("num_stages", 3), q.element_size())
         grid = (triton.cdiv(n, block_m), b * h)
@@ -70,6 +71,8 @@ def flash_attention(q, k, v, causal: bool = False, block_m: int | None = None, b
     (B, H, N, float32) that the backward needs."""
     import torch
     _check_qkv(q, k, v)
+    if block_m and block_n and block_m % block_n:  # the kernel's causal split needs whole key blocks per query block
+        raise ValueError(f"block_m={block_m} must be a multiple of block_n={block_n}")
     kernel = build_kernels()["plain"]
     if q.is_cuda and not _interpreted() and not (block_m or block_n):
         kernel = _tuned_kernel("fwd", q.shape[-1], q.element_size())
