@@ -25,7 +25,6 @@ PENDING = {  # lab: the issue that rebuilds it (one line each, so each issue rem
     "11": 42,
     "12": 43,
     "13": 43,
-    "14": 44,
 }
 NAMES = notebooks.notebook_names()
 CONVERTED = [n for n in NAMES if n[:2] not in PENDING]
