@@ -465,3 +465,118 @@ def test_prefix_state_is_written_back_over_the_wire():
     allocate(copy_, [1, 2, 3, 4, 5])
     write_back(orig, copy_)
     assert orig == copy_ and orig.free == [3] and orig.refs[2] == 1 and len(orig.cached) == 2
+
+
+# ---- warm-ups: 14.9, 14.10 (scheduler), 14.11 (decode loop), 14.12, 14.13 (prefix cache)
+from common.exercises.lab14 import (check_block_names, check_blocks_to_grow, check_can_admit,  # noqa: E402
+                                    check_hit_tokens, check_new_token_mask)
+from common.exercises.lab14_cases import warmup_cases as wc  # noqa: E402
+
+
+def blocks_to_grow(tokens, block_size):
+    return -(-(tokens + 1) // block_size) - -(-tokens // block_size)
+
+
+def can_admit(tokens, running, free_blocks, block_size, max_batch):
+    return running < max_batch and -(-(tokens + 1) // block_size) <= free_blocks
+
+
+def new_token_mask(seq_len, s_q, positions):
+    pos = seq_len - s_q + torch.arange(s_q)
+    return positions[None, :] <= pos[:, None]
+
+
+def block_names(tokens, block_size):
+    names, parent = [], None
+    for i in range(len(tokens) // block_size):
+        parent = hash((parent, tuple(tokens[i * block_size:(i + 1) * block_size])))
+        names.append(parent)
+    return names
+
+
+def hit_tokens(names, cached, n_tokens, block_size):
+    n = 0
+    while n < (n_tokens - 1) // block_size and names[n] in cached:
+        n += 1
+    return n * block_size
+
+
+def test_warmups_right_and_stub():
+    for check, right in ((check_blocks_to_grow, blocks_to_grow), (check_can_admit, can_admit),
+                         (check_new_token_mask, new_token_mask), (check_block_names, block_names),
+                         (check_hit_tokens, hit_tokens)):
+        assert check(right).passed, check.__name__
+        assert check(stub).status == "not attempted", check.__name__
+    assert check_blocks_to_grow(lambda t, bs: int(t % bs == 0)).passed       # the same rule, written another way
+    assert check_can_admit(lambda t, r, f, bs, mb: bool(r < mb) & bool((t + bs) // bs <= f)).passed
+    assert check_new_token_mask(lambda n, s, p: (p[None, :] <= (n - s + torch.arange(s))[:, None]).int()).passed
+
+
+@pytest.mark.parametrize("wrong, why", wc.GROW_MISTAKES, ids=[f"grow{i}" for i in range(len(wc.GROW_MISTAKES))])
+def test_blocks_to_grow_mistakes_named(wrong, why):
+    with pytest.raises(CheckFailed, match=re.escape(why)):
+        check_blocks_to_grow(wrong)
+
+
+@pytest.mark.parametrize("wrong, why", wc.ADMIT_MISTAKES, ids=[f"admit{i}" for i in range(len(wc.ADMIT_MISTAKES))])
+def test_can_admit_mistakes_named(wrong, why):
+    for seed in (1, 2):
+        with pytest.raises(CheckFailed, match=re.escape(why)):
+            check_can_admit(wrong, seed=seed)
+
+
+def _as_mask(fn):
+    return lambda n, s, p: torch.tensor(fn(n, s, p), dtype=torch.bool).reshape(s, len(p))
+
+
+@pytest.mark.parametrize("wrong, why", wc.MASK_MISTAKES, ids=[f"mask{i}" for i in range(len(wc.MASK_MISTAKES))])
+def test_new_token_mask_mistakes_named(wrong, why):
+    with pytest.raises(CheckFailed, match=re.escape(why)):
+        check_new_token_mask(_as_mask(wrong))
+
+
+def test_new_token_mask_other_wrong_answers():
+    with pytest.raises(CheckFailed, match=r"is \(positions, s_q\)"):
+        check_new_token_mask(lambda n, s, p: new_token_mask(n, s, p).T)
+    with pytest.raises(CheckFailed, match=r"expected a bool tensor"):
+        check_new_token_mask(lambda n, s, p: new_token_mask(n, s, p).tolist())
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda t, bs: [hash(tuple(t[i * bs:(i + 1) * bs])) for i in range(len(t) // bs)], r"by its own tokens only"),
+    (lambda t, bs: block_names(t + [0] * (-len(t) % bs), bs) if len(t) % bs else block_names(t, bs),
+     r"named the partial last block"),
+    (lambda t, bs: block_names(t[:-1], bs), r"name every full block"),
+    (lambda t, bs: [hash(tuple(t[:(i + 1) * bs])) for i in range(len(t) // bs)], r"hashes the whole prefix"),
+    (lambda t, bs: [n for n in _swapped(t, bs)], r"the parent's name comes first"),
+    (lambda t, bs: block_names(t, bs)[:1] + [hash((0, tuple(t[i * bs:(i + 1) * bs]))) for i in range(1, len(t) // bs)],
+     r"is not hash\(\(names\[0\]"),
+    (lambda t, bs: [hash(len(t))] * (len(t) // bs), r"first block's name changed|not hash"),
+    (lambda t, bs: "names", r"expected a list of names"),
+])
+def test_block_names_wrong(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        check_block_names(wrong)
+
+
+def _swapped(tokens, bs):
+    names, parent = [], None
+    for i in range(len(tokens) // bs):
+        parent = hash((tuple(tokens[i * bs:(i + 1) * bs]), parent))
+        names.append(parent)
+    return names
+
+
+def test_block_names_must_not_change_the_tokens():
+    def pops(t, bs):
+        out = block_names(t, bs)
+        t.clear()
+        return out
+    with pytest.raises(CheckFailed, match=r"changed the token list"):
+        check_block_names(pops)
+
+
+@pytest.mark.parametrize("wrong, why", wc.HIT_MISTAKES, ids=[f"hit{i}" for i in range(len(wc.HIT_MISTAKES))])
+def test_hit_tokens_mistakes_named(wrong, why):
+    with pytest.raises(CheckFailed, match=re.escape(why)):
+        check_hit_tokens(wrong)

@@ -67,3 +67,12 @@ def test_batch_speedup_is_a_median_over_interleaved_repeats(model):
     assert r["step_s_batch_1"] > 0 and r["step_s_batch"] > 0
     with pytest.raises(ValueError, match=r"batch=1 must be an integer >= 2"):
         serving.batch_speedup(model, batch=1)
+
+
+def test_serve_rounds_shows_the_median_run_of_each(model):
+    reqs = serving.random_requests(3, 128, prompt_range=(3, 10), new_range=(2, 4), seed=5)
+    runs = serving.serve_rounds(model, reqs, {"one": (1, "continuous"), "static": (2, "static")}, rounds=3)
+    assert set(runs) == {"one", "static"} and runs["one"].max_batch == 1 and runs["static"].policy == "static"
+    assert runs["one"].tokens() == runs["static"].tokens() == serving.serve(model, reqs, 2).tokens()
+    with pytest.raises(ValueError, match=r"rounds=0 must be an integer >= 1"):
+        serving.serve_rounds(model, reqs, {"one": (1, "continuous")}, rounds=0)

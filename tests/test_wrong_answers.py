@@ -276,6 +276,11 @@ IN_LAB_TESTS = {
     "14.6": ("14", ["test_schedule_step_wrong_policies_named", "test_schedule_step_other_wrong_answers"]),
     "14.7": ("14", ["test_paged_decode_mistakes_named", "test_paged_decode_other_wrong_answers"]),
     "14.8": ("14", ["test_prefix_cache_wrong_policies_named", "test_prefix_cache_other_wrong_answers"]),
+    "14.9": ("14", ["test_blocks_to_grow_mistakes_named"]),
+    "14.10": ("14", ["test_can_admit_mistakes_named"]),
+    "14.11": ("14", ["test_new_token_mask_mistakes_named", "test_new_token_mask_other_wrong_answers"]),
+    "14.12": ("14", ["test_block_names_wrong"]),
+    "14.13": ("14", ["test_hit_tokens_mistakes_named"]),
 }
 OTHERS: set = set()  # exercises whose cases another change owns
 

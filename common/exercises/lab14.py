@@ -13,6 +13,7 @@ import torch
 
 from common.core.checks import checker, expect, expect_close, fail, near
 from common.exercises import lab14_cases as lc
+from common.exercises.lab14_cases import warmup_cases as wc
 from common.exercises.cases import as_number, fresh_cases, learner_call, replayable
 from common.facts import models
 from common.kernels import mla, mla_decode
@@ -286,9 +287,8 @@ def check_schedule_step(schedule_step, cases):
         if got != expected:
             lc.name_scheduler_mistake(state, got, where)
             fail(f"{where}: expected {lc.describe_result(expected)}; got {lc.describe_result(got)}")
-    steps = sum(1 for *_, label in states if label)
     return (f"the same step as the reference on {len(lc.scheduler_scenarios())} fixed states, 30 random ones and "
-            f"the {steps} steps of a 30-request trace through a pool of 24 blocks")
+            f"every step of a 30-request trace through a pool of 24 blocks")
 
 
 # ---------------------------------------------------------------- 14.7
@@ -379,3 +379,63 @@ def check_prefix_cache(allocate, release, seed=None):
                 fail(f"{where}: expected {lc.describe_seen(ref[i])}; got {lc.describe_seen(got)}")
     return (f"the same blocks, hits, free queue and references as the reference after every call, on "
             f"{len(scripts)} request sequences (one scripted, {len(scripts) - 1} random chats through small pools)")
+
+
+# ---------------------------------------------------------------- warm-ups: 14.9, 14.10 (for 14.6), 14.11 (for 14.7),
+# 14.12, 14.13 (for 14.8); their cases and named wrong answers: lab14_cases.warmup_cases
+
+@checker("14.9", "blocks a running request needs for its next token")
+@replayable
+def check_blocks_to_grow(blocks_to_grow, cases):
+    """blocks_to_grow(tokens, block_size) -> 0 or 1: the new blocks a running request that holds `tokens` tokens in
+    ceil(tokens / block_size) blocks needs before this step writes its next token."""
+    n = wc.judge_all(blocks_to_grow, wc.grow_cases(cases.rng), wc.grow_right, wc.GROW_MISTAKES, wc.describe_grow,
+                     wc.read_whole)
+    return f"right on {n} requests, at and around block boundaries"
+
+
+@checker("14.10", "can the front of the queue be admitted?")
+@replayable
+def check_can_admit(can_admit, cases):
+    """can_admit(tokens, running, free_blocks, block_size, max_batch) -> bool: a waiting request of `tokens` tokens
+    may join the batch now (it will compute its next token this step)."""
+    n = wc.judge_all(can_admit, wc.admit_cases(cases.rng), wc.admit_right, wc.ADMIT_MISTAKES, wc.describe_admit,
+                     wc.read_bool)
+    return f"right on {n} requests, full batches and pools that are just big enough included"
+
+
+@checker("14.11", "where the new tokens sit: the causal mask of a decode step")
+@replayable
+def check_new_token_mask(new_token_mask, cases):
+    """new_token_mask(seq_len, s_q, positions) -> bool (s_q, len(positions)): True where new token s (of the s_q
+    this step decodes, all counted in seq_len) may attend the cached token at that position."""
+    n = wc.judge_all(new_token_mask, wc.mask_cases(cases.rng), wc.mask_right, wc.MASK_MISTAKES, wc.describe_mask,
+                     wc.read_mask, (mla.causal_keep,))
+    return f"right on {n} blocks (1-3 new tokens, blocks past the sequence's end)"
+
+
+@checker("14.12", "the names of a request's full blocks")
+@replayable
+def check_block_names(block_names, cases):
+    """block_names(tokens, block_size) -> [name of each full block]: name = hash((parent's name, tuple(block))),
+    the first block's parent None; the partial last block gets no name."""
+    all_cases = wc.name_cases(cases.rng)
+    for tokens, bs in all_cases:
+        where = wc.describe_names(tokens, bs)
+        given = list(tokens)
+        names = learner_call(block_names, (given, bs), where, (prefix_cache.PrefixCachePolicy.name,))
+        expect(given == tokens, f"{where} changed the token list it was given; leave it as it is")
+        wc.check_names(names, tokens, bs, where)
+    wc.first_name_consistent(block_names, wc.describe_names, 4, cases.rng)
+    return f"chained names on {len(all_cases)} token lists: each full block named after its parent, none for a " \
+           f"partial block"
+
+
+@checker("14.13", "how many prompt tokens the cache serves")
+@replayable
+def check_hit_tokens(hit_tokens, cases):
+    """hit_tokens(names, cached, n_tokens, block_size) -> tokens served from the cache: the leading full blocks whose
+    names are cached, among those within the first n_tokens - 1 tokens."""
+    n = wc.judge_all(hit_tokens, wc.hit_cases(cases.rng), wc.hit_right, wc.HIT_MISTAKES, wc.describe_hit,
+                     wc.read_whole)
+    return f"right on {n} requests, with gaps in the cache and prompts that end on a block boundary"

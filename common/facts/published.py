@@ -19,6 +19,7 @@ from common.facts.sourced import FactFile
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 GPU_FILE = FactFile(DATA / "published_gpu.json")
+SERVICE_FILE = FactFile(DATA / "deepseek_v3_service.json")  # DeepSeek's service and kernel figures (lab 14)
 
 
 def _fact(name: str) -> float:
@@ -159,6 +160,22 @@ def _liger_hbm_fraction() -> Published:
                      f"moved (read x, write y)", _source("liger.rmsnorm_fwd_ms.liger"))
 
 
+def _flashmla_hbm_fraction() -> Published:
+    gbs, peak = SERVICE_FILE.fact("flashmla_memory_bound_gbs"), hardware.gpu("H800-SXM").hbm_bandwidth_tbs * 1e3
+    return Published(100 * gbs / peak, "% of HBM bandwidth", "H800 SXM", f"FlashMLA's dense MLA decode (64 query rows "
+                     f"per block, the KV counted once), memory-bound setting: {gbs:,} of {peak:,.0f} GB/s",
+                     SERVICE_FILE.source("flashmla_memory_bound_gbs"))
+
+
+def _decode_requests_per_gpu() -> Published:
+    f = SERVICE_FILE.fact
+    per_user = (f("output_tokens_per_s_per_user_low") + f("output_tokens_per_s_per_user_high")) / 2
+    per_gpu = f("decode_tokens_per_s_per_node") / f("gpus_per_node")
+    return Published(per_gpu / per_user, "requests per GPU", "H800 SXM", f"DeepSeek's decode service: "
+                     f"{per_gpu:,.0f} output tokens/s per GPU at {per_user:g} tokens/s per user -- the batch one "
+                     f"GPU's step serves", SERVICE_FILE.source("decode_tokens_per_s_per_node"))
+
+
 _FIGURES: dict[str, Callable[[], Published]] = {
     "h100.hbm_bandwidth": _h100_hbm,
     "h100.bf16_dense_peak": _h100_bf16,
@@ -220,6 +237,8 @@ _FIGURES: dict[str, Callable[[], Published]] = {
         f"against a blocking save: {_fact('pytorch.async_checkpoint_blocking_s')} s -> "
         f"{_fact('pytorch.async_checkpoint_async_s')} s (what remains is the staging copy)",
         _source("pytorch.async_checkpoint_async_s")),
+    "flashmla.decode_hbm_fraction": _flashmla_hbm_fraction,
+    "deepseek.decode_requests_per_gpu": _decode_requests_per_gpu,
     "cuda.event_resolution": lambda: Published(
         _fact("cuda.event_resolution_us"), "us", "any CUDA GPU", "the resolution of a CUDA event pair's elapsed time",
         _source("cuda.event_resolution_us")),

@@ -317,3 +317,15 @@ def batch_speedup(model: TinyMLA, batch: int = 32, context: int = 128, blocks: i
         many.append(tb)
     return {"batch": batch, "speedup": statistics.median(ratios), "low": min(ratios), "high": max(ratios),
             "ratios": ratios, "step_s_batch_1": statistics.median(one), "step_s_batch": statistics.median(many)}
+
+
+def serve_rounds(model: TinyMLA, requests: list, configs: dict, rounds: int = 3) -> dict:
+    """{name: the ServeResult of median decode time} for each configuration {name: (max_batch, policy)}, served
+    `rounds` times in turn (one round runs every configuration once), so that a moment of load on a busy machine
+    hits one run of each, and the median run of each is shown."""
+    whole("rounds", rounds)
+    runs = {name: [] for name in configs}
+    for _ in range(rounds):
+        for name, (max_batch, policy) in configs.items():
+            runs[name].append(serve(model, requests, max_batch, policy))
+    return {name: sorted(rs, key=lambda r: r.decode_s)[len(rs) // 2] for name, rs in runs.items()}
