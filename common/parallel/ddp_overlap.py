@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import statistics
 
+from common.core.claims import readable
 from common.core.validate import number, whole
 from common.parallel.overlap import time_round_robin
 
@@ -273,7 +274,7 @@ def lines(d: dict) -> list:
            " | ".join(f"{k} {d[k] * 1e3:.2f} ms" for k in VARIANTS + ("comm_s",)),
            f"medians over {d['runs']} runs (min-max): hooks {fig('speedup')} of an ideal {fig('ideal')}; "
            f"DDP {fig('ddp_speedup')} of {fig('ddp_ideal')}",
-           f"gradients vs serial: max err {d['grad_err']:.1e} (hooks), {d['ddp_grad_err']:.1e} (DDP)"]
+           f"gradients vs serial: max err {readable(d['grad_err'])} (hooks), {readable(d['ddp_grad_err'])} (DDP)"]
     if d["shared_cores"]:
         out.append(f"{d['cores_per_rank']:.2g} CPU core(s) per rank: the all-reduce's work and the backward take "
                    f"turns on the same cores, so a speed-up here measures the machine's load as much as the overlap")
