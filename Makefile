@@ -3,6 +3,7 @@
 #   make test   -- pytest on tests/, nbval on solutions/, execution of the unsolved labs/
 #   make lab    -- JupyterLab on the workbook
 #   make test-browser -- every lab (and three solutions) run in JupyterLab in headless Chromium, widgets moved
+#   make hub    -- JupyterHub for a class (ROSTER=learners.txt), make collect LAB=NN to grade it (INSTRUCTOR.md 4)
 PROFILE ?= auto
 LABS ?=
 FORCE ?=
@@ -16,7 +17,8 @@ export PYTHONHASHSEED := 0
 # collection: 12.6 s without, 8 s with, on a 2-core Zen 1)
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup run test test-fast test-browser nbval lab labs check-sync refresh baseline gpu-check grade clean
+.PHONY: setup run test test-fast test-browser nbval lab labs check-sync refresh baseline gpu-check grade hub collect \
+	clean
 
 $(VENV)/.installed: pyproject.toml scripts/setup_venv.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/setup_venv.sh
@@ -45,7 +47,9 @@ test: $(VENV)/.installed
 # Installs Playwright into the venv and, as root, Debian's chromium. Screenshots of failures: build/browser/.
 test-browser: $(VENV)/.installed
 	bash scripts/browser_setup.sh $(PY)
-	WORKBOOK_BROWSER=1 $(PY) -m pytest tests/test_browser.py -p no:cacheprovider -v -s
+	bash scripts/sandbox_setup.sh
+	bash scripts/hub_setup.sh $(PY)
+	WORKBOOK_BROWSER=1 $(PY) -m pytest tests/test_browser.py tests/test_hub_class.py -p no:cacheprovider -v -s
 
 # Instructor: grade learners' notebooks, DIR/<learner>/NN_name.ipynb -> build/grades/ (grades.csv, summary.md, the
 # executed notebooks), each in a bubblewrap sandbox (installed here as root when missing; see INSTRUCTOR.md).
@@ -59,6 +63,38 @@ grade: $(VENV)/.installed
 	WORKBOOK_NEED_SANDBOX=1 bash scripts/sandbox_setup.sh
 	$(PY) -m common grade "$(DIR)" --out build/grades --cell-timeout $(CELL_TIMEOUT) \
 		--notebook-timeout $(NOTEBOOK_TIMEOUT) --jobs $(GRADE_JOBS) $(if $(ROSTER),--roster "$(ROSTER)")
+
+# Instructor: a JupyterHub for a class on this machine (INSTRUCTOR.md section 4). Each learner on the roster (one name
+# per line) logs in with a password the hub makes (build/hub/passwords.csv) and works in their own copy of the labs,
+# in a sandbox, with cores / learners threads and their share of memory and GPUs. As root: a Unix user per learner.
+#   make hub ROSTER=learners.txt [IP=0.0.0.0] [PORT=8000] [IDLE_MINUTES=60] [THREADS=0] [MEMORY_MB=0] [GPUS=auto]
+#            [GPU_SHARING=1] [PROFILE=quick] [SSL_CERT=... SSL_KEY=...]
+#   make collect LAB=00 [GRADE_JOBS=2]  -- every learner's lab 00 into build/hub/collected/00/<learner>/, then graded
+IP ?= 127.0.0.1
+PORT ?= 8000
+HUB_PORT ?= 8081
+IDLE_MINUTES ?= 60
+THREADS ?= 0
+MEMORY_MB ?= 0
+GPUS ?= auto
+GPU_SHARING ?=
+SSL_CERT ?=
+SSL_KEY ?=
+LAB ?=
+hub: $(VENV)/.installed
+	$(if $(ROSTER),,$(error make hub needs ROSTER=<file of learner names, one per line>, e.g. make hub ROSTER=learners.txt))
+	bash scripts/sandbox_setup.sh
+	bash scripts/hub_setup.sh $(PY)
+	$(PY) -m common hub start --roster "$(ROSTER)" --ip $(IP) --port $(PORT) --hub-port $(HUB_PORT) \
+		--idle-minutes $(IDLE_MINUTES) --threads $(THREADS) --memory-mb $(MEMORY_MB) --gpus "$(GPUS)" \
+		--profile "$(PROFILE)" \
+		$(if $(GPU_SHARING),--gpu-sharing) $(if $(SSL_CERT),--ssl-cert "$(SSL_CERT)" --ssl-key "$(SSL_KEY)")
+
+collect: $(VENV)/.installed
+	$(if $(LAB),,$(error make collect needs LAB=<lab number>, e.g. make collect LAB=00))
+	bash scripts/sandbox_setup.sh
+	$(PY) -m common hub collect --lab "$(LAB)" --grades build/grades --cell-timeout $(CELL_TIMEOUT) \
+		--notebook-timeout $(NOTEBOOK_TIMEOUT) --jobs $(GRADE_JOBS)
 
 # nbval alone: re-execute the solutions and compare their deterministic outputs with the committed ones.
 nbval: $(VENV)/.installed

@@ -1,5 +1,5 @@
-"""Command line: `python -m common labs|check-sync|run|refresh|baseline|machine|inventory|grade` (the Makefile calls
-these)."""
+"""Command line: `python -m common labs|check-sync|run|refresh|baseline|machine|inventory|grade|hub` (the Makefile
+calls these)."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +50,8 @@ def main(argv=None) -> int:
     gr.add_argument("--max-processes", type=int, default=128, help="processes and threads per sandbox")
     gr.add_argument("--unsafe-no-sandbox", action="store_true",
                     help="grade without bubblewrap: the notebooks run as you, unisolated (only for trusted notebooks)")
+    from common.core.hub import cli as hub_cli
+    hub_cli.add_parser(sub)
     a = p.parse_args(argv)
 
     if a.cmd == "labs":
@@ -91,6 +93,8 @@ def main(argv=None) -> int:
             return 2
         print(f"wrote {Path(a.out) / 'grades.csv'} and {Path(a.out) / 'summary.md'}")
         return 0
+    if a.cmd == "hub":
+        return hub_cli.run(a)
     if a.cmd == "inventory":
         from common.core import env
         print(json.dumps(env.inventory(), indent=1))

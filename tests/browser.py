@@ -7,6 +7,7 @@ here (server, kernels, browser) is stopped by `close()`, also when a test fails.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -29,6 +30,19 @@ def chromium_path() -> str:
             return found
     raise RuntimeError("no Chromium found: install Debian's `chromium` (apt-get install -y chromium), or set "
                        "CHROMIUM=/path/to/chrome; `make test-browser` installs it when run as root")
+
+
+@contextlib.contextmanager
+def chromium():
+    """The system Chromium, headless, driven by Playwright; closed on leaving the block."""
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=os.environ.get("CHROMIUM") or chromium_path(),
+                              args=["--no-sandbox", "--disable-dev-shm-usage"])
+        try:
+            yield b
+        finally:
+            b.close()
 
 
 def free_port() -> int:

@@ -55,6 +55,9 @@ def test_numbers_are_formatted_for_reading():
     assert claims.readable(70272.0) == "70,272" and claims.readable(469000000000.0) == "469,000,000,000"
     assert claims.readable(0.001234) == "0.00123" and claims.readable(13.57) == "13.6"
     assert claims.readable(1.2e-7) == "1.20e-07"
+    import numpy as np
+    assert claims.readable(np.int64(4194304)) == "4,194,304" and claims.readable(np.float32(0.5)) == "0.500"
+    assert claims.readable(3.2856e24) == "3.29e24"  # FLOPs of a training run, without the e+ no output may show
 
 
 def test_every_published_figure_resolves_with_a_source():

@@ -56,6 +56,12 @@ def test_summarize_a_synthetic_trace(tmp_path):
     shares = dt.class_shares(fig)
     assert shares["grouped_gemm"] == pytest.approx(0.15 / 0.52, abs=1e-4)
     assert sum(v["kernels"] for v in fig["classes"].values()) == fig["step"]["kernels"] == 14
+    # the transfer kernels alone (notify left out), the exposed stretches (none of 50 us here: 10 + 20 us), grids
+    assert dt.transfer_busy_ms(fig) == pytest.approx(0.28)
+    assert dt.exposed_gaps(fig) == [] and fig["overlap"]["exposed_short_ms"] == pytest.approx(0.03)
+    assert dt.grids(fig) == {"attention_bwd": {112: 1}, "attention_fwd": {112: 1}, "deepep_combine": {112: 1},
+                             "deepep_dispatch": {112: 2}, "deepep_notify": {112: 2}, "fp8_gemm": {112: 3},
+                             "grouped_gemm": {112: 1}}
     tl = dt.timeline(fig)
     assert ("23", "mlp(W)", 0, pytest.approx(0.36), pytest.approx(0.42), pytest.approx(0.06)) in tl
     gk = dt.gemm_kernels(fig)
@@ -111,3 +117,9 @@ def test_committed_figures_are_consistent():
     compute = sum(ph[p]["busy_ms"] for p in dt.COMPUTE_PHASES)
     assert compute == pytest.approx(o["compute_busy_ms"], rel=0.02)
     assert {r[0] for r in dt.timeline(prof)} == {"7", "23", "27"}
+    # the exposed stretches and the short rest add up to the exposed communication; DeepEP on 20 SMs, GEMMs on 112
+    long = sum(b - a for a, b in dt.exposed_gaps(prof))
+    assert long + o["exposed_short_ms"] == pytest.approx(o["exposed_comm_ms"], abs=2e-3)
+    assert o["transfer_busy_ms"] < o["comm_busy_ms"]
+    g = dt.grids(prof)
+    assert set(g["fp8_gemm"]) == set(g["grouped_gemm"]) == {112} and max(g["deepep_combine"]) == 20

@@ -21,20 +21,6 @@ def _not_attempted(check):
 
 
 # 2.1 -----------------------------------------------------------------------------------------------------------
-def test_vector_add_cost():
-    assert lab02.check_vector_add_cost(lambda n, d: (n, 3 * n * B[d])).passed
-    with pytest.raises(CheckFailed, match="reads a, reads b and writes c"):
-        lab02.check_vector_add_cost(lambda n, d: (n, 2 * n * B[d]))
-    with pytest.raises(CheckFailed, match="counted in elements"):
-        lab02.check_vector_add_cost(lambda n, d: (n, 3 * n))
-    with pytest.raises(CheckFailed, match="1 FLOP, not 2"):
-        lab02.check_vector_add_cost(lambda n, d: (2 * n, 3 * n * B[d]))
-    with pytest.raises(CheckFailed, match="expected a pair"):
-        lab02.check_vector_add_cost(lambda n, d: n / (3 * n * B[d]))
-    _not_attempted(lab02.check_vector_add_cost)
-
-
-# 2.2 -----------------------------------------------------------------------------------------------------------
 def test_gemm_cost():
     assert lab02.check_gemm_cost(lambda m, n, k, d: (2 * m * n * k, (m * k + k * n + m * n) * B[d])).passed
     assert lab02.check_gemm_cost(lambda m, n, k, d: rl.Cost(2 * m * n * k, (m * k + k * n + m * n) * B[d])).passed
@@ -49,31 +35,7 @@ def test_gemm_cost():
     _not_attempted(lab02.check_gemm_cost)
 
 
-# 2.3 -----------------------------------------------------------------------------------------------------------
-def test_softmax_cost():
-    assert lab02.check_softmax_cost(lambda r, c, d: (5 * r * c, 2 * r * c * B[d])).passed
-    with pytest.raises(CheckFailed, match="only the read"):
-        lab02.check_softmax_cost(lambda r, c, d: (5 * r * c, r * c * B[d]))
-    with pytest.raises(CheckFailed, match="5 FLOPs per element"):
-        lab02.check_softmax_cost(lambda r, c, d: (3 * r * c, 2 * r * c * B[d]))
-    with pytest.raises(CheckFailed, match="counted in elements"):
-        lab02.check_softmax_cost(lambda r, c, d: (5 * r * c, 2 * r * c))
-    _not_attempted(lab02.check_softmax_cost)
-
-
-# 2.4 -----------------------------------------------------------------------------------------------------------
-def test_layernorm_cost():
-    assert lab02.check_layernorm_cost(lambda r, c, d: (8 * r * c, (2 * r * c + 2 * c) * B[d])).passed
-    with pytest.raises(CheckFailed, match="weight and bias vectors"):
-        lab02.check_layernorm_cost(lambda r, c, d: (8 * r * c, 2 * r * c * B[d]))
-    with pytest.raises(CheckFailed, match="once per call, not once per row"):
-        lab02.check_layernorm_cost(lambda r, c, d: (8 * r * c, 4 * r * c * B[d]))
-    with pytest.raises(CheckFailed, match="8 FLOPs per element"):
-        lab02.check_layernorm_cost(lambda r, c, d: (5 * r * c, (2 * r * c + 2 * c) * B[d]))
-    _not_attempted(lab02.check_layernorm_cost)
-
-
-# 2.5 -----------------------------------------------------------------------------------------------------------
+# 2.2 -----------------------------------------------------------------------------------------------------------
 def _attn(b, h, s, d, dt, flops_terms=(4, 5), byte_terms=(4, 4), per_head=False):
     bh = 1 if per_head else b * h
     fd, fs = flops_terms
@@ -96,23 +58,7 @@ def test_attention_cost():
     _not_attempted(lab02.check_attention_cost)
 
 
-# 2.6 -----------------------------------------------------------------------------------------------------------
-def test_attainable():
-    assert lab02.check_attainable(lambda x, p, bw: min(p, x * bw)).passed
-    with pytest.raises(CheckFailed, match="larger of the two"):
-        lab02.check_attainable(lambda x, p, bw: max(p, x * bw))
-    with pytest.raises(CheckFailed, match="differ|expected"):  # right on one side of the ridge only
-        lab02.check_attainable(lambda x, p, bw: x * bw if x < 500 else 0.5 * p)
-    with pytest.raises(CheckFailed, match="exceeds the compute peak"):
-        lab02.check_attainable(lambda x, p, bw: x * bw)
-    with pytest.raises(CheckFailed, match="below the ridge the bandwidth limits"):
-        lab02.check_attainable(lambda x, p, bw: p)
-    with pytest.raises(CheckFailed, match="returned None"):
-        lab02.check_attainable(lambda x, p, bw: None)
-    _not_attempted(lab02.check_attainable)
-
-
-# 2.7 -----------------------------------------------------------------------------------------------------------
+# 2.3 -----------------------------------------------------------------------------------------------------------
 def _ridge(g, d, sparse=False, scale=1.0):
     return hardware.peak_tflops(g, d, sparse) * 1e12 / (hardware.gpu(g).hbm_bandwidth_tbs * 1e12) * scale
 
@@ -130,7 +76,97 @@ def test_ridge():
     _not_attempted(lab02.check_ridge)
 
 
-# 2.8 -----------------------------------------------------------------------------------------------------------
+# 2.4 -----------------------------------------------------------------------------------------------------------
+def _cost(op, shape, d, softmax_flops=5, ln_bytes=(2, 2), vec_streams=3, attn_bytes=(4, 4), elem=None):
+    b = B[d] if elem is None else elem
+    if op == "vector_add":
+        (n,) = shape
+        return n, vec_streams * n * b
+    if op == "gemm":
+        m, n, k = shape
+        return 2 * m * n * k, (m * k + k * n + m * n) * b
+    if op in ("softmax", "layernorm"):
+        r, c = shape
+        if op == "softmax":
+            return softmax_flops * r * c, 2 * r * c * b
+        return 8 * r * c, (ln_bytes[0] * r * c + ln_bytes[1] * (r if ln_bytes[1] > 2 else 1) * c) * b
+    bsz, h, s, hd = shape
+    return bsz * h * (4 * s * s * hd + 5 * s * s), bsz * h * (attn_bytes[0] * s * hd + attn_bytes[1] * s * s) * b
+
+
+def predictor(op, shape, d, peak, bw, cost=_cost, inverted=False, att="min", ridge="right", seconds="max", **kw):
+    """A learner's predictor, right by default; each keyword plants one named mistake."""
+    flops, nbytes = cost(op, shape, d, **kw)
+    intensity = nbytes / flops if inverted else flops / nbytes
+    rate = {"min": min(peak, intensity * bw), "max": max(peak, intensity * bw), "uncapped": intensity * bw,
+            "tflops": min(peak, intensity * bw) / 1e12}[att]
+    edge = {"right": peak / bw, "inverted": bw / peak, "h100": 295.37}[ridge]
+    bound = "memory-bound" if intensity < edge else "compute-bound"
+    compute, memory = flops / peak, nbytes / bw
+    time = {"max": flops / rate, "min": min(compute, memory), "sum": compute + memory, "ms": flops / rate * 1e3,
+            "compute": compute}[seconds]
+    return {"flops": flops, "bytes": nbytes, "intensity": intensity, "bound": bound, "attainable": rate,
+            "seconds": time}
+
+
+PREDICTOR_MISTAKES = {  # the planted mistake -> words its verdict must use (ten or more, each named as it is)
+    "bytes counted once (softmax)": (dict(cost=lambda o, s, d: _cost(o, s, d) if o != "softmax" else
+                                          (5 * s[0] * s[1], s[0] * s[1] * B[d])), "count the matrix once"),
+    "softmax without its reductions": (dict(softmax_flops=3), "without its reductions"),
+    "vector add: a stream missing": (dict(vec_streams=2), "count two streams"),
+    "layernorm without weight and bias": (dict(ln_bytes=(2, 0)), "miss the weight and bias"),
+    "attention without the s x s traffic": (dict(attn_bytes=(4, 0)), "without the s x s traffic"),
+    "attention with S and P counted once": (dict(attn_bytes=(4, 2)), "written once and read once"),
+    "elements, not bytes": (dict(elem=1), "counted in elements"),
+    "intensity inverted": (dict(inverted=True), "intensity inverted"),
+    "max where min is due (attainable)": (dict(att="max"), "max where min is due"),
+    "attainable not capped": (dict(att="uncapped"), "not capped at the peak"),
+    "attainable in TFLOP/s": (dict(att="tflops"), "in TFLOP/s"),
+    "bound against the inverted ridge": (dict(ridge="inverted"), "wrong ridge, bandwidth / peak"),
+    "bound against the H100's ridge": (dict(ridge="h100"), "H100's bf16 ridge"),
+    "min where max is due (time)": (dict(seconds="min"), "min where max is due"),
+    "compute and memory time added": (dict(seconds="sum"), "added the compute time and the memory time"),
+    "milliseconds, not seconds": (dict(seconds="ms"), "milliseconds"),
+    "compute time alone": (dict(seconds="compute"), "compute peak alone"),
+}
+
+
+def test_roofline_predictor_right():
+    assert lab02.check_roofline_predictor(predictor).passed
+    # a Cost-like pair and numpy numbers are fine too
+    assert lab02.check_roofline_predictor(lambda *a: {k: (float(v) if k != "bound" else v)
+                                                      for k, v in predictor(*a).items()}).passed
+
+
+@pytest.mark.parametrize("mistake", sorted(PREDICTOR_MISTAKES))
+def test_roofline_predictor_mistakes_named(mistake):
+    planted, words = PREDICTOR_MISTAKES[mistake]
+    for seed in (1, 2, 3):
+        with pytest.raises(CheckFailed, match=words):
+            lab02.check_roofline_predictor(lambda *a: predictor(*a, **planted), seed=seed)
+
+
+def test_roofline_predictor_shape_of_the_answer():
+    with pytest.raises(CheckFailed, match="return a dict with the keys"):
+        lab02.check_roofline_predictor(lambda *a: tuple(predictor(*a).values()))
+    with pytest.raises(CheckFailed, match="without 'seconds'"):
+        lab02.check_roofline_predictor(lambda *a: {k: v for k, v in predictor(*a).items() if k != "seconds"})
+    with pytest.raises(CheckFailed, match="return one of 'memory-bound', 'compute-bound'"):
+        lab02.check_roofline_predictor(lambda *a: dict(predictor(*a), bound="memory"))
+    with pytest.raises(CheckFailed, match="should return a dict.*raised KeyError"):
+        lab02.check_roofline_predictor(lambda op, *a: predictor(op, *a) if op != "attention" else {}["flops"])
+    _not_attempted(lab02.check_roofline_predictor)
+
+
+def test_roofline_predictor_learners_warmups_propagate():
+    """The predictor may call the learner's own gemm_cost (2.1): a GEMM mistake there is named here too."""
+    def gemm_wrong(op, shape, d):
+        return (shape[0] * shape[1] * shape[2], _cost(op, shape, d)[1]) if op == "gemm" else _cost(op, shape, d)
+    with pytest.raises(CheckFailed, match="counts multiply-adds"):
+        lab02.check_roofline_predictor(lambda *a: predictor(*a, cost=gemm_wrong))
+
+
+# 2.5 -----------------------------------------------------------------------------------------------------------
 def _critical(g, d, k, n, sparse=False):
     r = _ridge(g, d, sparse)
     b = rl.dtype_bytes(d)
@@ -162,10 +198,7 @@ def test_critical_batch():
 
 # issue 12 classes ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("check,fn", [
-    (lab02.check_vector_add_cost, lambda T: lambda n, d: (n, 3 * n * T[d])),
     (lab02.check_gemm_cost, lambda T: lambda m, n, k, d: (2 * m * n * k, (m * k + k * n + m * n) * T[d])),
-    (lab02.check_softmax_cost, lambda T: lambda r, c, d: (5 * r * c, 2 * r * c * T[d])),
-    (lab02.check_layernorm_cost, lambda T: lambda r, c, d: (8 * r * c, (2 * r * c + 2 * c) * T[d])),
     (lab02.check_attention_cost, lambda T: lambda b, h, s, hd, d: (
         b * h * (4 * s * s * hd + 5 * s * s), b * h * (4 * s * hd + 4 * s * s) * T[d])),
 ])
@@ -222,11 +255,6 @@ def test_critical_batch_fixed_fp8_case():
     assert lab02.check_critical_batch(lambda g, d, k, n: float(_crit(g, d, k, n, B[d]))).passed
 
 
-def test_attainable_divided():
-    with pytest.raises(CheckFailed, match="you divided"):
-        lab02.check_attainable(lambda x, p, b: min(p, x / b))
-
-
 def test_calling_the_reference_is_caught():
     """Issue 12: where the exercise is to write it, calling common's reference is named."""
     with pytest.raises(CheckFailed, match="called common.kernels.roofline.gemm_cost, the reference this exercise"):
@@ -235,5 +263,7 @@ def test_calling_the_reference_is_caught():
         lab02.check_ridge(lambda g, d: hardware.ridge_point(g, d))
     with pytest.raises(CheckFailed, match="called common.kernels.roofline.critical_batch"):
         lab02.check_critical_batch(lambda g, d, k, n: rl.Roof.datasheet(g, d).critical_batch(k, n, d))
-    with pytest.raises(CheckFailed, match="called common.kernels.roofline.attainable"):
-        lab02.check_attainable(lambda x, p, b: rl.attainable(x, p, b))
+    with pytest.raises(CheckFailed, match="called common.kernels.roofline.predict_op"):
+        lab02.check_roofline_predictor(rl.predict_op)
+    with pytest.raises(CheckFailed, match="called common.kernels.roofline.op_cost"):
+        lab02.check_roofline_predictor(lambda op, sh, d, p, b: predictor(op, sh, d, p, b, cost=rl.op_cost))

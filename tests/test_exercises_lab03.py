@@ -4,44 +4,19 @@ from common.core.env import setup
 
 setup("test", quiet=True)  # before triton is imported: TRITON_INTERPRET=1 where there is no GPU
 
+import os  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from common.core.checks import CheckFailed  # noqa: E402
-from common.exercises.lab03 import check_chain_bytes, check_softmax, check_vector_add  # noqa: E402
-from common.kernels import fusion
+from common.exercises.lab03 import check_add_rmsnorm, check_softmax, check_vector_add  # noqa: E402
+from common.kernels import fusion, rmsnorm  # noqa: E402
 
 
-# ------------------------------------------------------------------------------------------------ 3.1 chain bytes
-def chain_bytes_right(n, n_ops, b, fused):
-    return 2 * n * b * (1 if fused else n_ops)
-
-
-def test_chain_bytes_right():
-    assert check_chain_bytes(chain_bytes_right).passed
-
-
-@pytest.mark.parametrize("wrong, match", [
-    (lambda n, ops, b, fused: n * b * (1 if fused else ops), "only the reads"),
-    (lambda n, ops, b, fused: 2 * n * b * ops, "unfused count"),
-    (lambda n, ops, b, fused: 2 * n * b, "fused count"),
-    (lambda n, ops, b, fused: 2 * n * b if fused else (ops + 1) * n * b, "one read and"),
-    (lambda n, ops, b, fused: 2 * n * (1 if fused else ops), "elements, not bytes"),
-])
-def test_chain_bytes_wrong(wrong, match):
-    with pytest.raises(CheckFailed, match=match):
-        check_chain_bytes(wrong)
-
-
-def test_chain_bytes_stub():
-    def stub(n, ops, b, fused):
-        raise NotImplementedError("Exercise 3.1: replace this line with your code")
-    assert check_chain_bytes(stub).status == "not attempted"
-
-
-# ------------------------------------------------------------------------------------------------ 3.2 vector add
+# ------------------------------------------------------------------------------------------------ 3.1 vector add
 @triton.jit
 def add_kernel(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
     pid = tl.program_id(axis=0)
@@ -63,7 +38,7 @@ def add_kernel_no_mask(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constex
 
 @triton.jit
 def add_kernel_stub(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
-    raise NotImplementedError("Exercise 3.2: replace this line with your code")
+    raise NotImplementedError("Exercise 3.1: replace this line with your code")
 
 
 def vector_add_right(x, y, out, block_size=1024):
@@ -122,7 +97,7 @@ def test_vector_add_never_writes_out():
 
 def test_vector_add_stub_launcher():
     def stub(x, y, out, block_size=1024):
-        raise NotImplementedError("Exercise 3.2: replace this line with your code")
+        raise NotImplementedError("Exercise 3.1: replace this line with your code")
     assert check_vector_add(stub).status == "not attempted"
 
 
@@ -134,7 +109,7 @@ def test_vector_add_stub_kernel():
     assert check_vector_add(launcher).status == "not attempted"
 
 
-# ------------------------------------------------------------------------------------------------ 3.3 softmax
+# ------------------------------------------------------------------------------------------------ 3.2 softmax
 @triton.jit
 def softmax_kernel(x_ptr, out_ptr, x_row_stride, out_row_stride, n_cols, BLOCK_SIZE: tl.constexpr):
     row = tl.program_id(axis=0)
@@ -246,28 +221,11 @@ def test_softmax_torch_softmax_is_not_a_kernel_and_wrong_dim_is_named():
 
 def test_softmax_stub():
     def stub(x, out):
-        raise NotImplementedError("Exercise 3.3: replace this line with your code")
+        raise NotImplementedError("Exercise 3.2: replace this line with your code")
     assert check_softmax(stub).status == "not attempted"
 
 
 # ---------------------------------------------------------------------------------------------------- issue 12 classes
-
-def test_chain_bytes_wrong_size_table_fails_every_call():
-    # a byte table that rounds 1-byte elements up to 2 and 8-byte ones down to 4 fails on every call (fixed cases)
-    wrong = lambda n, ops, b, fused: 2 * n * min(max(b, 2), 4) * (1 if fused else ops)  # noqa: E731
-    for _ in range(3):
-        with pytest.raises(CheckFailed, match=r"seed \d+"):
-            check_chain_bytes(wrong)
-
-
-def test_chain_bytes_aliased_mistakes_name_both():
-    # at 2 bytes per element, counting elements and counting reads only give one number: both are named
-    def elements_at_two(n, ops, b, fused):
-        right = 2 * n * b * (1 if fused else ops)
-        return right // 2 if b == 2 else right
-    with pytest.raises(CheckFailed, match="either elements instead of bytes .* or only the reads"):
-        check_chain_bytes(elements_at_two)
-
 
 def test_vector_add_modifies_input():
     def add_in_place(x, y, out, block_size=1024):
@@ -324,7 +282,7 @@ def test_vector_add_unmasked_loads_caught():
 
 
 @pytest.mark.parametrize("check, reference", [
-    (check_chain_bytes, lambda n, ops, b, fused: fusion.chain_bytes(n, ops, b, fused)),
+    (check_add_rmsnorm, lambda x, r, w, out, eps=1e-6: rmsnorm.add_rmsnorm(x, r, w, out, eps)),
     (check_vector_add, lambda x, y, out, block_size=1024: fusion.vector_add(x, y, out, block_size)),
     (check_softmax, lambda x, out: fusion.softmax(x, out)),
 ])
@@ -336,3 +294,149 @@ def test_calling_the_reference_is_caught(check, reference):
 def test_vector_add_in_pytorch_is_not_a_kernel():
     with pytest.raises(CheckFailed, match="no Triton kernel was launched"):
         check_vector_add(lambda x, y, out, block_size=1024: torch.add(x, y, out=out))
+
+
+# ------------------------------------------------------------------------------------------------ 3.3 add + RMSNorm
+RIGHT, IN_DTYPE, NOT_ADDED, NOT_WRITTEN, MEAN, BLOCK, EPS_OUT, NO_EPS, NO_WEIGHT, LAYERNORM, SUM, TIMES, SWAPPED = \
+    range(13)
+
+
+@triton.jit
+def rms_kernel(x_ptr, res_ptr, w_ptr, out_ptr, x_row_stride, res_row_stride, out_row_stride, n_cols, eps,
+               BLOCK_SIZE: tl.constexpr, M: tl.constexpr):
+    """A learner's kernel: right with M = RIGHT, each other M plants one mistake."""
+    row = tl.program_id(axis=0)
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0)
+    r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0)
+    if M != 1:  # IN_DTYPE: no .to(tl.float32)
+        x = x.to(tl.float32)
+        r = r.to(tl.float32)
+    h = x + r
+    if M == 2:  # NOT_ADDED: the norm of x
+        h = x
+    if M != 3 and M != 12:  # NOT_WRITTEN, SWAPPED
+        tl.store(res_ptr + row * res_row_stride + cols, x + r, mask=mask)
+    if M == 4:  # MEAN
+        ms = tl.sum(h, axis=0) / n_cols
+    elif M == 5:  # BLOCK
+        ms = tl.sum(h * h, axis=0) / BLOCK_SIZE
+    elif M == 10:  # SUM
+        ms = tl.sum(h * h, axis=0)
+    elif M == 9:  # LAYERNORM
+        mean = tl.sum(h, axis=0) / n_cols
+        d = tl.where(mask, h - mean, 0.0)
+        ms = tl.sum(d * d, axis=0) / n_cols
+        h = d
+    else:
+        ms = tl.sum(h * h, axis=0) / n_cols
+    if M == 6:  # EPS_OUT
+        rstd = 1.0 / (tl.sqrt(ms) + eps)
+    elif M == 7:  # NO_EPS
+        rstd = 1.0 / tl.sqrt(ms)
+    elif M == 11:  # TIMES
+        rstd = tl.sqrt(ms + eps)
+    else:
+        rstd = 1.0 / tl.sqrt(ms + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if M == 8:  # NO_WEIGHT
+        w = 1.0
+    y = h * rstd * w
+    if M == 12:  # SWAPPED: the output into residual, the sum into out
+        tl.store(res_ptr + row * res_row_stride + cols, y, mask=mask)
+        tl.store(out_ptr + row * out_row_stride + cols, x + r, mask=mask)
+    else:
+        tl.store(out_ptr + row * out_row_stride + cols, y, mask=mask)
+
+
+@triton.jit
+def rms_kernel_unmasked(x_ptr, res_ptr, w_ptr, out_ptr, x_row_stride, res_row_stride, out_row_stride, n_cols, eps,
+                        BLOCK_SIZE: tl.constexpr):
+    row = tl.program_id(axis=0)
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * x_row_stride + cols).to(tl.float32)
+    r = tl.load(res_ptr + row * res_row_stride + cols).to(tl.float32)
+    h = tl.where(mask, x + r, 0.0)
+    tl.store(res_ptr + row * res_row_stride + cols, h, mask=mask)
+    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * out_row_stride + cols, h * rstd * w, mask=mask)
+
+
+@triton.jit
+def rms_kernel_store_unmasked(x_ptr, res_ptr, w_ptr, out_ptr, x_row_stride, res_row_stride, out_row_stride, n_cols,
+                              eps, BLOCK_SIZE: tl.constexpr):
+    row = tl.program_id(axis=0)
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    h = x + r
+    tl.store(res_ptr + row * res_row_stride + cols, h, mask=mask)
+    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * out_row_stride + cols, h * rstd * w)
+
+
+def rms_launcher(mistake=RIGHT, kernel=None, strides=True, grid=None):
+    def add_rmsnorm(x, residual, weight, out, eps=1e-6):
+        rows, n_cols = x.shape
+        block = triton.next_power_of_2(n_cols)
+        s = (x.stride(0), residual.stride(0), out.stride(0)) if strides else (n_cols,) * 3
+        extra = {} if kernel is not None else {"M": mistake}
+        (kernel or rms_kernel)[grid(x) if grid else (rows,)](x, residual, weight, out, *s, n_cols, eps,
+                                                               BLOCK_SIZE=block, **extra)
+        return out
+    return add_rmsnorm
+
+
+def test_add_rmsnorm_right():
+    assert check_add_rmsnorm(rms_launcher()).passed
+
+
+RMS_MISTAKES = {  # the planted mistake -> the words its verdict must use
+    "no mask on the loads": (rms_launcher(kernel=rms_kernel_unmasked), "without a mask"),
+    "no mask on the store": (rms_launcher(kernel=rms_kernel_store_unmasked), "outside its rows"),
+    "mean instead of the mean of squares": (rms_launcher(MEAN), "not the mean of its squares"),
+    "divided by BLOCK_SIZE": (rms_launcher(BLOCK), "divided by BLOCK_SIZE"),
+    "eps outside the sqrt": (rms_launcher(EPS_OUT), "eps outside the sqrt"),
+    "no eps": (rms_launcher(NO_EPS), "no eps"),
+    "forgot the weight": (rms_launcher(NO_WEIGHT), "forgot the weight"),
+    "residual not added": (rms_launcher(NOT_ADDED), "residual was not added"),
+    "residual not written back": (rms_launcher(NOT_WRITTEN), "still holds its old values"),
+    "outputs swapped": (rms_launcher(SWAPPED), "residual holds the normalised output"),
+    "LayerNorm": (rms_launcher(LAYERNORM), "that is LayerNorm"),
+    "sum, not mean": (rms_launcher(SUM), "not their mean"),
+    "multiplied by the norm": (rms_launcher(TIMES), "multiplied by sqrt"),
+    "wrong row stride": (rms_launcher(strides=False), "right on contiguous rows, wrong on strided ones"),
+    "one program per element": (rms_launcher(grid=lambda x: (x.numel(),)), "one program per row"),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(RMS_MISTAKES))
+def test_add_rmsnorm_mistakes_named(mistake):
+    launcher, words = RMS_MISTAKES[mistake]
+    with pytest.raises(CheckFailed, match=words):
+        check_add_rmsnorm(launcher, seed=7)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="compiled Triton sums bf16 in float32 itself")
+def test_add_rmsnorm_accumulated_in_bf16_named():
+    with pytest.raises(CheckFailed, match="right in float32, wrong in bf16"):
+        check_add_rmsnorm(rms_launcher(IN_DTYPE), seed=3)
+
+
+def test_add_rmsnorm_in_pytorch_is_not_a_kernel():
+    def eager(x, residual, weight, out, eps=1e-6):
+        out.copy_(rmsnorm.add_rmsnorm_eager(x, residual, weight, eps))
+        return out
+    with pytest.raises(CheckFailed, match="no Triton kernel was launched"):
+        check_add_rmsnorm(eager)
+
+
+def test_add_rmsnorm_stub():
+    def stub(x, residual, weight, out, eps=1e-6):
+        raise NotImplementedError("Exercise 3.3: replace this line with your code")
+    assert check_add_rmsnorm(stub).status == "not attempted"

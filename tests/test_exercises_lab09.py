@@ -141,3 +141,91 @@ def test_calling_the_reference_is_caught(check, wrong):
         check(wrong)
     assert not hasattr(topology.all_to_all_seconds, "__wrapped_by_spy__")
     assert topology.all_to_all_seconds.__name__ == "all_to_all_seconds"
+
+
+# ---- 9.5, the build exercise: placing a job's ranks on GPU ids
+import numpy as np  # noqa: E402
+
+from common.exercises.lab09 import check_place  # noqa: E402
+
+
+def right_place(tp, ep, pp, dp, domain):
+    """The lab's solution, as a learner writes it."""
+    unit = tp * ep if tp * ep <= domain else (tp if tp <= domain else domain)
+    usable = domain // unit * unit
+    gpu = [[[0] * tp for _ in range(dp)] for _ in range(pp)]
+    rank = 0
+    for p in range(pp):
+        for d in range(dp):
+            for t in range(tp):
+                gpu[p][d][t] = (rank // usable) * domain + rank % usable
+                rank += 1
+    return gpu
+
+
+def _slots(tp, ep, pp, dp, domain, unit=None):
+    unit = unit or (tp * ep if tp * ep <= domain else (tp if tp <= domain else domain))
+    usable = domain // unit * unit
+    r = np.arange(pp * dp * tp)
+    return (r // usable) * domain + r % usable
+
+
+def _block_always(tp, ep, pp, dp, domain):
+    """Whole TP x EP blocks per domain, even when a block is larger than the domain (none fits: usable = 0)."""
+    usable = domain // (tp * ep) * (tp * ep)
+    return [[[(((p * dp + d) * tp + t) // usable) * domain + ((p * dp + d) * tp + t) % usable for t in range(tp)]
+             for d in range(dp)] for p in range(pp)]
+
+
+def _one_block_per_domain(tp, ep, pp, dp, domain):
+    """Each TP x EP block starts a new domain, even when several fit in one."""
+    block = tp * ep
+    r = np.arange(pp * dp * tp)
+    if block > domain:
+        return _slots(tp, ep, pp, dp, domain).reshape(pp, dp, tp)
+    return ((r // block) * domain + r % block).reshape(pp, dp, tp)
+
+
+PLACE_MISTAKES = [  # (the wrong answer, the words that must name it): at least ten, as issue 42 asks
+    (lambda tp, ep, pp, dp, dom: np.arange(pp * dp * tp).reshape(pp, dp, tp),
+     r"EP group of stage 0, DP ranks 64-127 .* though its 64 GPUs fit in one 72-GPU domain: start each TP x EP block"),
+    (lambda tp, ep, pp, dp, dom: _slots(tp, ep, pp, dp, dom, unit=tp if tp <= dom else dom).reshape(pp, dp, tp),
+     r"EP group .* fit in one 72-GPU domain: start each TP x EP block"),
+    (lambda tp, ep, pp, dp, dom: _slots(tp, ep, pp, dp, dom).reshape(tp, pp, dp).transpose(1, 2, 0),
+     r"TP group of stage .* GPUs apart, so another index varies faster than t"),
+    (lambda tp, ep, pp, dp, dom: _slots(tp, ep, pp, dp, dom).reshape(pp, ep, dp // ep, tp).transpose(0, 2, 1, 3)
+     .reshape(pp, dp, tp), r"sit 2 GPUs apart.*an EP group is ep consecutive DP ranks"),
+    (lambda tp, ep, pp, dp, dom: _slots(tp, ep, pp, dp, dom).reshape(dp, tp, pp).transpose(2, 0, 1),
+     r"EP group of stage 0, DP ranks 0-63 .* its members sit 16 GPUs apart, so another index \(the stage p"),
+    (lambda tp, ep, pp, dp, dom: _one_block_per_domain(tp, ep, pp, dp, dom),
+     r"spreads the job over 256 domains of 72 GPUs; 29 hold it"),
+    (lambda tp, ep, pp, dp, dom: np.zeros((pp, dp, tp), dtype=int), r"GPU 0 holds two ranks"),
+    (lambda tp, ep, pp, dp, dom: _slots(tp, ep, pp, dp, dom).reshape(dp, pp, tp) if pp != dp else None,
+     r"has shape \(128, 16, 1\); it must be \(pp, dp, tp\) = \(16, 128, 1\)"),
+    (lambda tp, ep, pp, dp, dom: list(_slots(tp, ep, pp, dp, dom)), r"has shape \(2048,\)"),
+    (lambda tp, ep, pp, dp, dom: _block_always(tp, ep, pp, dp, dom), r"ZeroDivisionError"),
+    (lambda tp, ep, pp, dp, dom: (_slots(tp, ep, pp, dp, 8) // 8 * 8 + _slots(tp, ep, pp, dp, 8) % 8)
+     .reshape(pp, dp, tp), r"EP group .* fit in one 72-GPU domain"),
+    (lambda tp, ep, pp, dp, dom: -_slots(tp, ep, pp, dp, dom).reshape(pp, dp, tp), r"whole numbers >= 0"),
+    (lambda tp, ep, pp, dp, dom: _slots(tp, ep, pp, dp, dom).reshape(pp, dp, tp) + 0.5, r"whole numbers >= 0"),
+]
+
+
+def test_place_right_and_stub():
+    for seed in range(6):
+        assert check_place(right_place, seed=seed).passed
+    assert check_place(lambda *a: np.asarray(right_place(*a)) + 144).passed  # whole domains later: as good
+    assert check_place(stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("wrong, match", PLACE_MISTAKES, ids=[f"mistake{i}" for i in range(len(PLACE_MISTAKES))])
+def test_place_wrong_answers_are_named(wrong, match):
+    for seed in (0, 1):
+        with pytest.raises(CheckFailed, match=match):
+            check_place(wrong, seed=seed)
+
+
+def test_place_reference_is_caught():
+    from common.systems.cluster import placement
+    with pytest.raises(CheckFailed, match=r"called common.systems.cluster.placement.place"):
+        check_place(lambda *a: placement.place(*a))

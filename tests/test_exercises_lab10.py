@@ -6,12 +6,14 @@ import pytest
 from common.core.checks import CheckFailed
 from common.exercises.lab10 import (
     check_adam_state,
+    check_cost_model,
     check_gpus_to_hold,
     check_implied_mfu,
     check_train_flops,
     check_training_days,
 )
 from common.facts import hardware
+from common.systems.cluster import cost
 
 
 def stub(*args, **kwargs):
@@ -174,3 +176,97 @@ def test_calling_the_reference_is_caught():
         check_train_flops(lambda n, d: scaling.train_flops(n, d))
     with pytest.raises(CheckFailed, match="called common.systems.cluster.scaling.gpu_hours"):
         check_training_days(lambda f, n, g, d, m: scaling.gpu_hours(f, g, m, d) / n / 24)
+
+
+def test_the_two_missed_verdicts_name_their_mistakes():
+    """86,400 (a day) for 3,600 (an hour) in the MFU, and a missing master copy, are named (issue 42)."""
+    with pytest.raises(CheckFailed, match=r"86,400, the seconds in a DAY"):
+        check_implied_mfu(lambda f, h, g, d: f / (h * 86400) / (hardware.peak_tflops(g, d) * 1e12))
+    with pytest.raises(CheckFailed, match=r"master copy of the weights is missing"):
+        check_adam_state(lambda n: {**right_adam(n), "master": 0})
+
+
+# ---- 10.6, the build exercise
+def right_cost(model, run):
+    """The lab's solution, as a learner writes it."""
+    attention = 3 * model["layers"] * model["heads"] * (model["qk_head_dim"] + model["v_head_dim"]) * run["seq_len"]
+    per_token = 6 * model["active_params"] + attention
+    hours = per_token * run["tokens"] / (hardware.peak_tflops(run["gpu_id"], run["dtype"]) * 1e12 * run["mfu"]) / 3600
+    tp, pp, ep, zero = run["tp"], run["pp"], run["ep"], run["zero"]
+    dp = run["gpus"] // (tp * pp)
+    dense = (model["params"] - model["expert_params"]) / (tp * pp)
+    experts = model["expert_params"] / (tp * pp * ep)
+
+    def gb(b, sharded):
+        return b * (dense / dp + experts / (dp // ep) if sharded else dense + experts) / 1e9
+    act = (2 if run["recompute"] else 34) * model["hidden"]
+    return {"flops_per_token": per_token, "flops": per_token * run["tokens"], "gpu_hours": hours,
+            "days": hours / run["gpus"] / 24, "cost_usd": hours * run["usd_per_gpu_hour"],
+            "weights_gb": gb(2, zero >= 3), "grads_gb": gb(2, zero >= 2), "optimizer_gb": gb(12, zero >= 1),
+            "activations_gb": run["micro_batch_seqs"] * run["seq_len"] * model["layers"] * act / tp / 1e9}
+
+
+def wrong_cost(**change):
+    """right_cost with one of its figures replaced by change[key](model, run, right result)."""
+    def fn(model, run):
+        out = right_cost(model, run)
+        for key, f in change.items():
+            out[key] = f(model, run, out)
+        return out
+    return fn
+
+
+def _attn(m, r):
+    return cost.attention_flops_per_token(m, r["seq_len"])
+
+
+def _gb(m, r, b, sharded, ep=None, replicas=None):
+    dp = r["gpus"] // (r["tp"] * r["pp"])
+    ep = r["ep"] if ep is None else ep
+    dense = (m["params"] - m["expert_params"]) / (r["tp"] * r["pp"])
+    experts = m["expert_params"] / (r["tp"] * r["pp"] * ep)
+    return b * (dense / dp + experts / (replicas or dp // r["ep"]) if sharded else dense + experts) / 1e9
+
+
+COST_MISTAKES = [  # (the wrong answer, the words that must name it): at least ten, as issue 42 asks
+    (wrong_cost(flops_per_token=lambda m, r, o: 6 * m["params"] + _attn(m, r)), r"TOTAL parameters"),
+    (wrong_cost(flops_per_token=lambda m, r, o: 6 * m["active_params"]), r"attention's score and value products"),
+    (wrong_cost(flops_per_token=lambda m, r, o: 6 * m["active_params"] + 2 * _attn(m, r)), r"causal mask"),
+    (wrong_cost(gpu_hours=lambda m, r, o: o["gpu_hours"] / 2), r"sparse \(2:4\)"),
+    (wrong_cost(gpu_hours=lambda m, r, o: o["gpu_hours"] / 24), r"86,400 s \(a day\)"),
+    (wrong_cost(gpu_hours=lambda m, r, o: o["gpu_hours"] * r["mfu"] ** 2), r"multiplied by the MFU"),
+    (wrong_cost(days=lambda m, r, o: o["gpu_hours"] / 24), r"GPU-days"),
+    (wrong_cost(cost_usd=lambda m, r, o: o["days"] * r["usd_per_gpu_hour"]), r"per GPU-HOUR times days"),
+    (wrong_cost(optimizer_gb=lambda m, r, o: o["optimizer_gb"] * 8 / 12), r"THREE FP32 values"),
+    (wrong_cost(optimizer_gb=lambda m, r, o: o["optimizer_gb"] * 16 / 12), r"counts the BF16 weights and gradients"),
+    (wrong_cost(optimizer_gb=lambda m, r, o: _gb(m, r, 12, False)), r"ZeRO-1 \(and above\) shards the optimizer"),
+    (wrong_cost(grads_gb=lambda m, r, o: _gb(m, r, 2, r["zero"] >= 1)), r"gradients from stage 2"),
+    (wrong_cost(weights_gb=lambda m, r, o: _gb(m, r, 2, r["zero"] >= 1)), r"weights only at stage 3"),
+    (wrong_cost(optimizer_gb=lambda m, r, o: _gb(m, r, 12, r["zero"] >= 1, ep=1, replicas=r["gpus"] // (
+        r["tp"] * r["pp"]))), r"not split by EP"),
+    (wrong_cost(activations_gb=lambda m, r, o: o["activations_gb"] * (17 if r["recompute"] else 1)),
+     r"recomputation keeps only each layer's BF16 input"),
+    (wrong_cost(activations_gb=lambda m, r, o: o["activations_gb"] * r["tp"]), r"divide by tp"),
+]
+
+
+def test_cost_model_right_and_stub():
+    for seed in range(5):
+        assert check_cost_model(right_cost, seed=seed).passed
+    assert check_cost_model(stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("wrong, match", COST_MISTAKES, ids=[m for _, m in COST_MISTAKES])
+def test_cost_model_wrong_answers_are_named(wrong, match):
+    for seed in (0, 1):
+        with pytest.raises(CheckFailed, match=match):
+            check_cost_model(wrong, seed=seed)
+
+
+def test_cost_model_shape_errors_and_reference():
+    with pytest.raises(CheckFailed, match=r"returned list"):
+        check_cost_model(lambda m, r: list(right_cost(m, r).values()))
+    with pytest.raises(CheckFailed, match=r"has no 'activations_gb'"):
+        check_cost_model(lambda m, r: {k: v for k, v in right_cost(m, r).items() if k != "activations_gb"})
+    with pytest.raises(CheckFailed, match=r"called common.systems.cluster.cost.cost_model"):
+        check_cost_model(lambda m, r: cost.cost_model(m, r))

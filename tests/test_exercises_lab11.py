@@ -168,3 +168,235 @@ def test_checkpoint_seconds_reference_and_bad_returns_caught():
     with pytest.raises(CheckFailed, match=r"checkpoint_seconds\(6826.4, 256, 200.0, 7256.8\): your code raised "
                                           r"ZeroDivisionError"):
         lab11.check_checkpoint_seconds(lambda *a: 1 / 0)
+
+
+# ---- 11.5: a durable write
+import os  # noqa: E402
+import queue  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+
+
+def _fsync_dir(directory):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def durable(data, path, flush=True, fsync=True, rename=True, dir_sync="after", tmp_dir=None, sync_after=False,
+            leave=False, leak=False):
+    """The lab's solution, as a learner writes it, with one step changed at a time."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not rename:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(directory)
+        return
+    tmp = os.path.join(tmp_dir or directory, os.path.basename(path) + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        if flush:
+            f.flush()
+        if fsync and not sync_after:
+            os.fsync(f.fileno())
+    if dir_sync == "before":
+        _fsync_dir(directory)
+    if leave:
+        shutil.copy(tmp, path)
+    else:
+        os.replace(tmp, path)
+    if sync_after:
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    if dir_sync == "after":
+        if leak:
+            os.fsync(os.open(directory, os.O_RDONLY))
+        else:
+            _fsync_dir(directory)
+
+
+DURABLE_MISTAKES = [
+    (lambda d, p: durable(d, p, fsync=False), r"never fsynced"),
+    (lambda d, p: durable(d, p, flush=False), r"held 0 of the 100 bytes when you fsynced it.*f.flush\(\)"),
+    (lambda d, p: durable(d, p, rename=False), r"written in place"),
+    (lambda d, p: durable(d, p, dir_sync=None), r"directory was never fsynced"),
+    (lambda d, p: durable(d, p, dir_sync="before"), r"directory was fsynced before the rename"),
+    (lambda d, p: durable(d, p, tmp_dir=tempfile.gettempdir()), r"not in path's directory"),
+    (lambda d, p: durable(d, p, sync_after=True), r"fsynced after the rename"),
+    (lambda d, p: durable(d, p, leave=True), r"left behind .*checkpoint.pt.tmp"),
+    (lambda d, p: durable(d, p, leak=True), r"file descriptor\(s\) left open"),
+    (lambda d, p: open(p, "wb").write(d[:-1]), r"bytes that are not the"),
+]
+
+
+def test_write_durably_right_and_stub():
+    assert lab11.check_write_durably(durable).passed
+    assert lab11.check_write_durably(_stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("wrong, match", DURABLE_MISTAKES, ids=[m[:24] for _, m in DURABLE_MISTAKES])
+def test_write_durably_mistakes_named(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        lab11.check_write_durably(wrong)
+
+
+# ---- 11.6, the build exercise: an asynchronous checkpoint writer
+class Writer:
+    """The lab's solution, as a learner writes it; subclasses below change one thing each."""
+    stop_on_error = False
+
+    def __init__(self, write):
+        self.write = write
+        self.queue = queue.Queue()
+        self.errors = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while True:
+            item = self.queue.get()
+            try:
+                if item is None:
+                    return
+                self.write(*item)
+            except BaseException as exc:
+                self.errors.append(exc)
+                if self.stop_on_error:
+                    return
+            finally:
+                self.queue.task_done()
+
+    def stage(self, state):
+        return {k: v.detach().clone() for k, v in state.items()}
+
+    def save(self, state, path):
+        self.queue.put((self.stage(state), path))
+
+    def wait(self):
+        self.queue.join()
+        if self.errors:
+            raise self.errors.pop(0)
+
+    def close(self):
+        self.queue.put(None)
+        self.thread.join()
+
+
+class Synchronous(Writer):
+    def save(self, state, path):
+        self.write(self.stage(state), path)
+
+
+class NotStaged(Writer):
+    def stage(self, state):
+        return state
+
+
+class Shallow(Writer):
+    def stage(self, state):
+        return {k: v.detach() for k, v in state.items()}
+
+
+class ThreadPerSave(Writer):
+    def __init__(self, write):
+        self.write, self.threads = write, []
+
+    def save(self, state, path):
+        self.threads.append(threading.Thread(target=self.write, args=(self.stage(state), path), daemon=True))
+        self.threads[-1].start()
+
+    def wait(self):
+        for t in self.threads:
+            t.join()
+
+    def close(self):
+        self.wait()
+
+
+class NoWait(Writer):
+    def wait(self):
+        pass
+
+
+class Swallowed(Writer):
+    def wait(self):
+        self.queue.join()
+
+
+class DiesOnError(Writer):
+    def _run(self):
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            self.write(*item)
+            self.queue.task_done()
+
+
+class StopsAfterError(Writer):
+    stop_on_error = True
+
+
+class RaisesAgain(Writer):
+    def wait(self):
+        self.queue.join()
+        if self.errors:
+            raise self.errors[0]
+
+
+class CloseLeavesThread(Writer):
+    def close(self):
+        pass
+
+
+class NoClose(Writer):
+    close = None
+
+
+WRITER_MISTAKES = [  # (the wrong answer, the words that must name it): at least ten, as issue 42 asks
+    (Synchronous, r"did not return while its write was still running"),
+    (NotStaged, r"holds values changed after save\(\) returned"),
+    (Shallow, r"holds values changed after save\(\) returned"),
+    (ThreadPerSave, r"two writes ran at the same time"),
+    (NoWait, r"after wait\(\) the writes done were"),
+    (Swallowed, r"wait\(\) returned as if it had been saved"),
+    (DiesOnError, r"wait\(\) did not return after a write failed"),
+    (StopsAfterError, r"save after a failed write was not written"),
+    (RaisesAgain, r"raised the old error again"),
+    (CloseLeavesThread, r"close\(\) left the writer thread running"),
+    (NoClose, r"has no close\(\) method"),
+]
+
+
+def test_async_checkpointer_right_and_stub():
+    assert lab11.check_async_checkpointer(Writer).passed
+
+    class Stub:
+        def __init__(self, write):
+            raise NotImplementedError("Exercise 11.6: replace this line with your code")
+    assert lab11.check_async_checkpointer(Stub).status == "not attempted"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # DiesOnError's thread dies
+@pytest.mark.parametrize("wrong, match", WRITER_MISTAKES, ids=[w.__name__ for w, _ in WRITER_MISTAKES])
+def test_async_checkpointer_mistakes_named(wrong, match, monkeypatch):
+    monkeypatch.setattr(lab11, "PATIENCE_S", 1.0)  # the wrong writers that hang are named after a second, not three
+    with pytest.raises(CheckFailed, match=match):
+        lab11.check_async_checkpointer(wrong)
+
+
+def test_async_checkpointer_reference_is_caught():
+    from common.systems import storage
+
+    class Mine(storage.AsyncCheckpointer):
+        pass
+    with pytest.raises(CheckFailed, match="inherits storage.AsyncCheckpointer"):
+        lab11.check_async_checkpointer(Mine)
+    with pytest.raises(CheckFailed, match="the reference this exercise asks you to write"):
+        lab11.check_async_checkpointer(storage.AsyncCheckpointer)

@@ -20,7 +20,7 @@ def _stub(*a):
     raise NotImplementedError("Exercise 12.x")
 
 
-# ---------------------------------------------------------------- 12.3 grouped MoE forward
+# ---------------------------------------------------------------- 12.8 grouped MoE forward
 def _padded(x, weights, indices, w_gate, w_up, w_down, act):
     """A learner's right answer, written independently of capstone.moe_grouped_forward: zero-padded bmm."""
     t, k = indices.shape
@@ -114,6 +114,39 @@ def test_moe_grouped_forward():
         with pytest.raises(CheckFailed, match=match):
             lab12.check_moe_grouped_forward(wrong)
     assert lab12.check_moe_grouped_forward(_stub).status == "not attempted"
+
+
+# ---------------------------------------------------------------- 12.5 sorted dispatch
+def _sorted(x, weights, indices, w_gate, w_up, w_down, act, split_weights=True):
+    """A learner's right answer: sort once, one host read, each expert on its slice, weights split once."""
+    t = indices.shape[0]
+    plan = moe.dispatch_plan(indices, w_gate.shape[0])
+    ws = (w_gate.unbind(0), w_up.unbind(0), w_down.unbind(0)) if split_weights else (w_gate, w_up, w_down)
+    outs = [act(r @ ws[0][e], r @ ws[1][e]) @ ws[2][e]
+            for e, r in enumerate(moe.dispatch(x, plan).split(plan.counts.tolist()))]
+    return moe.combine(torch.cat(outs), plan, weights, t)
+
+
+def _token_order_weights(x, weights, indices, w_gate, w_up, w_down, act):
+    """Rows in expert order, weights in token order."""
+    t = indices.shape[0]
+    plan = moe.dispatch_plan(indices, w_gate.shape[0])
+    g, u, d = w_gate.unbind(0), w_up.unbind(0), w_down.unbind(0)
+    out = torch.cat([act(r @ g[e], r @ u[e]) @ d[e]
+                     for e, r in enumerate(moe.dispatch(x, plan).split(plan.counts.tolist()))])
+    return torch.zeros_like(x).index_add(0, plan.token_index, out * weights.reshape(-1, 1))
+
+
+def test_moe_sorted_forward():
+    assert lab12.check_moe_sorted_forward(_sorted).passed
+    assert lab12.check_moe_sorted_forward(_padded).passed  # grouped is sorted too
+    for wrong, match in [(_mask_loop, "boolean masks"), (lambda *a: _sorted(*a, split_weights=False), "unbind"),
+                         (_unweighted, "gate weight"), (_token_order_weights, "permutation"),
+                         (_detached, "backward|gradient"), (_modifies_input, "modified its input|in-place"),
+                         (lambda *a: capstone.moe_sorted_forward(*a), "write it")]:
+        with pytest.raises(CheckFailed, match=match):
+            lab12.check_moe_sorted_forward(wrong)
+    assert lab12.check_moe_sorted_forward(_stub).status == "not attempted"
 
 
 def test_one_act_call_is_required():
@@ -270,7 +303,7 @@ def test_equivalent():
     assert lab12.check_equivalent(_stub).status == "not attempted"
 
 
-# ---------------------------------------------------------------- 12.4 corrected share
+# ---------------------------------------------------------------- 12.3 corrected share
 def _corrected(part_ms, part_ops, profiled_ms, ops, unprofiled_ms):
     per_op = (profiled_ms - unprofiled_ms) / ops
     return min(max((part_ms - part_ops * per_op) / unprofiled_ms, 0.0), 1.0)
@@ -290,7 +323,7 @@ def test_corrected_share():
     assert lab12.check_corrected_share(_stub).status == "not attempted"
 
 
-# ---------------------------------------------------------------- 12.5 driving the profiler
+# ---------------------------------------------------------------- 12.6 driving the profiler
 def _profile_steps(step, trace_path, wait=1, warmup=1, active=2, device="cpu", **override):
     from torch.profiler import ProfilerActivity, profile, schedule
     opts = dict(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else []),
@@ -348,7 +381,7 @@ def test_profile_check_prints_no_native_lines(capfd):
     assert "USDT" not in err and "profiler_start" not in err and "CUDA is not available" not in err
 
 
-# ---------------------------------------------------------------- 12.6 top operator
+# ---------------------------------------------------------------- 12.7 top operator
 def _top_op(averages, device="cpu"):
     key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
     top = max((a for a in averages if a.key.startswith("aten::")), key=lambda a: getattr(a, key))
@@ -385,6 +418,7 @@ def test_top_op_on_a_real_profile():
      / (window[1] - window[0])),
     (lab12.check_equivalent, lambda ref, got: capstone.equivalent(ref, got)),
     (lab12.check_corrected_share, lambda *a: capstone.corrected_share(*a)),
+    (lab12.check_keep_or_revert, lambda *a: capstone.keep_or_revert(*a)),
 ])
 def test_calling_the_reference_is_caught(check, reference):
     with pytest.raises(CheckFailed, match="reference this exercise asks you to write"):
@@ -403,3 +437,87 @@ def test_crash_names_the_call_and_seed_replays():
         except CheckFailed as exc:
             failed.append(str(exc))
     assert len(failed) == 2 and failed[0] == failed[1] and "seed 5" in failed[0]
+
+
+# ---------------------------------------------------------------- 12.4 the paired guard (the build exercise)
+def guard(current, candidate, bar=0.02, pairs=8, max_pairs=24, rng=None, clock=None, sync=lambda: None, *,
+          warm=True, synced=True, order="random", invert=False, rule="interval", bar_scale=1.0, stop_after=None,
+          revert_open=False, words=("keep", "revert", "undecided"), cap=">", cumulative=False):
+    """A learner's guard with one mistake switched on at a time (the defaults are right)."""
+    import random
+    import statistics
+    rng = rng or random.Random()
+    steps = {"current": current, "candidate": candidate}
+    if warm:
+        for fn in steps.values():
+            fn()
+        sync()
+    ratios = []
+    while True:
+        for _ in range(pairs):
+            names = rng.sample(list(steps), 2) if order == "random" else ["current", "candidate"]
+            took, start = {}, clock()
+            for name in names:
+                if not cumulative:
+                    start = clock()
+                steps[name]()
+                if synced:
+                    sync()
+                took[name] = clock() - start
+            ratios.append(took["candidate"] / took["current"] if invert else took["current"] / took["candidate"])
+        if rule == "extremes":
+            low, high = min(ratios), max(ratios)
+        elif rule == "median":
+            low = high = statistics.median(ratios)
+        else:
+            low, high = capstone.median_interval(ratios)
+        line = 1 + bar * bar_scale
+        if low > (1 if rule == "no bar" else line):
+            return words[0], ratios
+        if high < line or (revert_open and statistics.median(ratios) < line):
+            return words[1], ratios
+        if stop_after and len(ratios) >= stop_after:
+            return words[2], ratios
+        if (len(ratios) + pairs > max_pairs) if cap == ">" else (len(ratios) > max_pairs):
+            return words[2], ratios
+
+
+GUARD_WRONG = [
+    (dict(synced=False), "still queued"),
+    (dict(warm=False), "no warm-up"),
+    (dict(order="fixed"), "order at random"),
+    (dict(invert=True), "t_candidate / t_current"),
+    (dict(rule="median"), "kept on the median"),
+    (dict(rule="no bar"), "clears 1 but not 1 \\+ bar"),
+    (dict(bar_scale=100.0), "percentage"),
+    (dict(stop_after=6), "another batch of 6 fits"),
+    (dict(revert_open=True), "reverted while the interval"),
+    (dict(cap=">="), "max_pairs is a limit"),
+    (dict(rule="extremes"), "already lay above"),
+    (dict(words=("kept", "reverted", "undecided")), "return one of"),
+    (dict(cumulative=True), "time each run alone"),
+]
+
+
+def test_keep_or_revert_right_and_stub():
+    assert lab12.check_keep_or_revert(guard).passed
+    assert lab12.check_keep_or_revert(own_copy(capstone.keep_or_revert)).passed
+    assert lab12.check_keep_or_revert(_stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("mistake, words", GUARD_WRONG, ids=[next(iter(m)) + "=" + str(next(iter(m.values())))
+                                                              for m, _ in GUARD_WRONG])
+def test_keep_or_revert_names_the_mistake(mistake, words):
+    import functools
+    with pytest.raises(CheckFailed, match=words):
+        lab12.check_keep_or_revert(functools.partial(guard, **mistake))
+
+
+def test_guard_interval_and_decision():
+    assert capstone.median_rank(5) == 1 and capstone.median_rank(12) == 3 and capstone.median_rank(4) == 1
+    assert capstone.coverage(5, 1) == pytest.approx(1 - 2 / 32) and capstone.coverage(4, 1) < 0.9
+    assert capstone.median_interval([3, 1, 2, 5, 4]) == (1, 5)
+    assert capstone.decide([1.5] * 6) == "keep" and capstone.decide([1.0] * 6) == "revert"
+    assert capstone.decide([0.9, 1.1, 1.0, 1.05, 0.95, 1.02]) is None
+    with pytest.raises(ValueError, match="bar=2"):
+        capstone.decide([1.0] * 6, bar=2)

@@ -2,7 +2,8 @@
 import pytest
 
 from common.core.checks import CheckFailed
-from common.exercises.lab13 import check_exposed_all_to_all, check_gpu_hours, check_moe_layer_flops
+from common.exercises import layer_model
+from common.exercises.lab13 import check_exposed_all_to_all, check_gpu_hours, check_layer_seconds, check_moe_layer_flops
 
 
 def stub(*args, **kwargs):
@@ -67,7 +68,7 @@ def v3_cfg():
     return v3model.config()
 
 
-# ---- 13.2
+# ---- 13.3
 def right_exposed(F, B, cf, cb, ov):
     return max(0.0, cf + cb - F - B) if ov else cf + cb
 
@@ -91,7 +92,7 @@ def test_exposed_wrong(wrong, match):
         check_exposed_all_to_all(wrong)
 
 
-# ---- 13.3
+# ---- 13.4
 def right_hours(step, gpus, tokens):
     return step * gpus / 3600 * 1e12 / tokens
 
@@ -121,3 +122,62 @@ def test_calling_the_reference_is_caught():
     with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
         check_exposed_all_to_all(lambda F, B, cf, cb, ov: v3model.exposed(cf + cb, F + B) if ov else cf + cb)
     assert v3model.gpu_hours_per_t_tokens.__name__ == "gpu_hours_per_t_tokens"
+
+
+# ---- 13.2 (the build exercise)
+def right_layer(cfg, tokens, kit):
+    """A learner's answer, written apart from the checker's reference: every linear layer three ways, the recompute,
+    the BF16 router, causal attention, the memory-bound bytes."""
+    h, nh, E, top = cfg["hidden_size"], cfg["num_attention_heads"], cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    qr, kvr, rope = cfg["q_lora_rank"], cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    dq, dkv, vd = cfg["qk_nope_head_dim"] + rope, cfg["qk_nope_head_dim"] + cfg["v_head_dim"], cfg["v_head_dim"]
+    f, s, T, g = cfg["moe_intermediate_size"], cfg["n_shared_experts"], tokens, E // kit.ep
+
+    def t(m, n, k, kind, groups=1):
+        return 2 * m * n * k * groups / (kit.gemm_tflops(m, n, k, kind, groups) * kit.sm_share * 1e12)
+    fwd = bwd = 0.0
+    for m, n, k, gr in [(T, qr, h, 1), (T, kvr + rope, h, 1), (T, nh * dq, qr, 1), (T, nh * dkv, kvr, 1),
+                        (T, h, nh * vd, 1), (T, 2 * f * s, h, 1), (T, h, f * s, 1), (T * top / g, 2 * f, h, g),
+                        (T * top / g, h, f, g)]:
+        fwd, bwd = fwd + t(m, n, k, "fwd", gr), bwd + t(m, n, k, "dgrad", gr) + t(m, n, k, "wgrad", gr)
+    bwd += t(T, nh * dq, qr, "fwd") + t(T, nh * dkv, kvr, "fwd")
+    for kind in ("fwd", "dgrad", "wgrad"):
+        sec = 2 * T * E * h / (kit.bf16_efficiency(T, E, h, kind) * kit.peak_tflops("bf16") * kit.sm_share * 1e12)
+        fwd, bwd = (fwd + sec, bwd) if kind == "fwd" else (fwd, bwd + sec)
+    att = T * kit.seq * nh * (dq + vd)
+    fwd += att / (kit.attention_tflops("forward") * kit.sm_share * 1e12) + kit.memory_bytes["forward"] / (
+        kit.hbm_tbs * 1e12)
+    bwd += 2.5 * att / (kit.attention_tflops("backward") * kit.sm_share * 1e12) + kit.memory_bytes["backward"] / (
+        kit.hbm_tbs * 1e12)
+    return {"forward": fwd, "backward": bwd}
+
+
+def test_layer_seconds_right_stub_and_reference():
+    import random
+
+    from common.systems.v3 import kit as v3kit
+    assert check_layer_seconds(right_layer).passed
+    assert check_layer_seconds(layer_model.reference).passed
+    assert check_layer_seconds(stub).status == "not attempted"
+    for cfg, setup, _ in layer_model.cases(v3_cfg(), random.Random(3)):  # the checker's reference is the lab's model
+        want, got = v3kit.layer_seconds(cfg, setup), layer_model.reference(cfg, setup.tokens, v3kit.Kit(cfg, setup))
+        assert got == pytest.approx(want, rel=1e-12)
+    with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
+        check_layer_seconds(lambda cfg, tokens, kit: v3kit.layer_seconds(cfg, kit.setup))
+
+
+@pytest.mark.parametrize("mistake", sorted(layer_model.MISTAKES))
+def test_layer_seconds_names_the_mistake(mistake):
+    import functools
+    import re
+    with pytest.raises(CheckFailed, match=re.escape(layer_model.MISTAKES[mistake][:40])):
+        check_layer_seconds(functools.partial(layer_model.reference, **{mistake: True}))
+
+
+def test_layer_seconds_other_wrong_answers():
+    for wrong, match in [(lambda c, t, k: dict.fromkeys(("forward", "backward"), right_layer(c, t, k)["forward"]),
+                          "backward = forward"),
+                         (lambda c, t, k: right_layer(c, t, k)["forward"], "return a dict"),
+                         (lambda c, t, k: {d: 1e3 * v for d, v in right_layer(c, t, k).items()}, "seconds")]:
+        with pytest.raises(CheckFailed, match=match):
+            check_layer_seconds(wrong)

@@ -1,12 +1,20 @@
 """Lab 14 checkers: right answers pass, each classic mistake fails with a telling message, stubs are not attempted."""
 import math
+import re
 
 import pytest
 import torch
 
+from learner import own_copy
+
 from common.core.checks import CheckFailed
+from common.exercises import lab14_cases as lc
 from common.exercises.lab14 import (check_absorbed_attention, check_cost_per_m_tokens, check_decode_intensity,
-                                    check_gather_paged, check_kv_bytes_per_token)
+                                    check_gather_paged, check_kv_bytes_per_token, check_paged_mla_decode,
+                                    check_prefix_cache, check_schedule_step)
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # small tensors: OpenMP threads only contend on a busy CPU
 
 
 def stub(*args, **kwargs):
@@ -220,3 +228,240 @@ def test_cost_refuses_the_reference():
     with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
         check_cost_per_m_tokens(lambda t, u, g: service.cost_per_m_tokens(t, u, g))
     assert math.isclose(service.cost_per_m_tokens(14800, 2, 8), 0.3003003, rel_tol=1e-6)
+
+
+# ---- 14.6: the solution as a learner writes it (the lab's statement: common.systems.inference.scheduler)
+def schedule_step(running, waiting, free_blocks, block_size, max_batch):
+    def blocks(n):
+        return -(-n // block_size)
+    finished = [s for s in running if s.generated >= s.max_new]          # 1. finish: their blocks come back
+    free_blocks += sum(blocks(s.tokens) for s in finished)
+    running, waiting = [s for s in running if s.generated < s.max_new], list(waiting)
+    i = 0
+    while i < len(running):                                              # 2. grow, oldest first
+        need = blocks(running[i].tokens + 1) - blocks(running[i].tokens)
+        if need <= free_blocks:
+            free_blocks -= need
+            i += 1
+        else:                                                            # the pool is dry: preempt the newest
+            victim = running.pop()
+            free_blocks += blocks(victim.tokens)
+            waiting.insert(0, victim)
+    while waiting and len(running) < max_batch and blocks(waiting[0].tokens + 1) <= free_blocks:
+        s = waiting.pop(0)                                               # 3. admit, first come first served
+        free_blocks -= blocks(s.tokens + 1)
+        running.append(s)
+    for s in running:                                                    # 4. every running request: one token
+        s.generated += 1
+    return running, waiting, finished, free_blocks
+
+
+def _scheduler_as_learner(cls):
+    """A wrong policy as a learner's own code (its step copied, so the reference watch does not see it)."""
+    own = type("Learner" + cls.__name__, (cls,), {"step": own_copy(cls.step)})
+    return lambda *a: own().step(*a)
+
+
+def test_schedule_step_right_and_stub():
+    v = check_schedule_step(schedule_step)
+    assert v.passed and "30-request trace" in v.detail
+    assert check_schedule_step(_scheduler_as_learner(lc.Scheduler)).passed
+    assert check_schedule_step(stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("cls, why", lc.SCHEDULER_MISTAKES, ids=[c.__name__ for c, _ in lc.SCHEDULER_MISTAKES])
+def test_schedule_step_wrong_policies_named(cls, why):
+    """Each wrong policy is named as itself, whatever the random states (three seeds)."""
+    assert len(lc.SCHEDULER_MISTAKES) >= 10
+    for seed in (1, 2, 3):
+        with pytest.raises(CheckFailed, match=re.escape(why)):
+            check_schedule_step(_scheduler_as_learner(cls), seed=seed)
+
+
+def test_schedule_step_other_wrong_answers():
+    from common.systems.inference import scheduler
+
+    def drops_one(*a):
+        running, waiting, finished, free = schedule_step(*a)
+        return running, waiting[1:], finished, free
+    with pytest.raises(CheckFailed, match=r"the requests changed -- lost"):
+        check_schedule_step(drops_one)
+    with pytest.raises(CheckFailed, match=r"expected a tuple \(running, waiting, finished, free_blocks\)"):
+        check_schedule_step(lambda *a: schedule_step(*a)[:3])
+    with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
+        check_schedule_step(lambda *a: scheduler.schedule_step(*a))
+
+
+# ---- 14.7
+def paged_mla_decode(q_nope, q_rope, kv_cache, block_table, seq_lens, w_uk, w_uv, scale):
+    B, S, H, _ = q_nope.shape
+    page, kv_lora = kv_cache.shape[1], w_uk.shape[2]
+    out = []
+    for b in range(B):
+        n = int(seq_lens[b])
+        q_lat = torch.einsum("shd,hdc->shc", q_nope[b], w_uk)                # W_uk absorbed into the query
+        pos = n - S + torch.arange(S)                                          # where the new tokens sit
+        m = torch.full((S, H), -math.inf, dtype=q_lat.dtype)
+        total = torch.zeros(S, H, dtype=q_lat.dtype)
+        acc = torch.zeros(S, H, kv_lora, dtype=q_lat.dtype)
+        for j in range(-(-n // page)):                                         # the sequence's blocks, in order
+            block = kv_cache[int(block_table[b, j])][: n - j * page]
+            latent, k_rope = block[:, :kv_lora], block[:, kv_lora:]
+            s = (torch.einsum("shc,tc->sht", q_lat, latent) + torch.einsum("shr,tr->sht", q_rope[b], k_rope)) * scale
+            t = j * page + torch.arange(block.shape[0])
+            s = s.masked_fill(t > pos[:, None, None], -math.inf)              # causal across the new tokens
+            m_new = torch.maximum(m, s.amax(-1))                               # online softmax
+            alpha, p = torch.exp(m - m_new), torch.exp(s - m_new[..., None])
+            total = total * alpha + p.sum(-1)
+            acc = acc * alpha[..., None] + torch.einsum("sht,tc->shc", p, latent)
+            m = m_new
+        out.append(torch.einsum("shc,hcv->shv", acc / total[..., None], w_uv))  # W_uv after the attention
+    return torch.stack(out)
+
+
+def _gathered(q_nope, q_rope, kv_cache, block_table, seq_lens, w_uk, w_uv, scale, dtype=torch.float64):
+    """Right too: each sequence gathered whole, then one softmax (not block by block), in `dtype`."""
+    a = [x.to(dtype) for x in (q_nope, q_rope, kv_cache, w_uk, w_uv)]
+    q_nope, q_rope, kv_cache, w_uk, w_uv = a
+    S, page, kv_lora = q_nope.shape[1], kv_cache.shape[1], w_uk.shape[2]
+    out = []
+    for b in range(q_nope.shape[0]):
+        n = int(seq_lens[b])
+        t = torch.arange(n)
+        cache = kv_cache[block_table[b, t // page].long(), t % page]
+        s = (torch.einsum("shd,hdc,tc->sht", q_nope[b], w_uk, cache[:, :kv_lora])
+             + torch.einsum("shr,tr->sht", q_rope[b], cache[:, kv_lora:])) * scale
+        s = s.masked_fill(t > (n - S + torch.arange(S))[:, None, None], -math.inf)
+        out.append(torch.einsum("sht,tc,hcv->shv", torch.softmax(s, -1), cache[:, :kv_lora], w_uv))
+    return torch.stack(out)
+
+
+def test_paged_decode_right_and_stub():
+    assert check_paged_mla_decode(paged_mla_decode).passed
+    assert check_paged_mla_decode(_gathered).passed
+    assert check_paged_mla_decode(lambda *a: _gathered(*a, dtype=torch.float32)).passed     # float32 is fine
+    assert check_paged_mla_decode(stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("flags, why", lc.DECODE_MISTAKES, ids=[next(iter(f)) + "=" + str(next(iter(f.values())))
+                                                                 for f, _ in lc.DECODE_MISTAKES])
+def test_paged_decode_mistakes_named(flags, why):
+    assert len(lc.DECODE_MISTAKES) >= 10
+    for seed in (1, 2, 3):
+        with pytest.raises(CheckFailed, match=re.escape(why)):
+            check_paged_mla_decode(lambda *a: lc.decode_variant(dict(zip(lc.DECODE_ARGS, a)), **flags), seed=seed)
+
+
+def _no_max(q_nope, q_rope, kv_cache, block_table, seq_lens, w_uk, w_uv, scale):
+    """Softmax without subtracting the max: right until the scores reach the hundreds."""
+    S, page, kv_lora = q_nope.shape[1], kv_cache.shape[1], w_uk.shape[2]
+    out = []
+    for b in range(q_nope.shape[0]):
+        n = int(seq_lens[b])
+        t = torch.arange(n)
+        cache = kv_cache[block_table[b, t // page].long(), t % page]
+        s = (torch.einsum("shd,hdc,tc->sht", q_nope[b], w_uk, cache[:, :kv_lora])
+             + torch.einsum("shr,tr->sht", q_rope[b], cache[:, kv_lora:])) * scale
+        e = torch.exp(s).masked_fill(t > (n - S + torch.arange(S))[:, None, None], 0.0)
+        out.append(torch.einsum("sht,tc,hcv->shv", e / e.sum(-1, keepdim=True), cache[:, :kv_lora], w_uv))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (_no_max, r"NaN or inf -- exp of a raw score overflows"),
+    (lambda *a: paged_mla_decode(*a[:6], torch.eye(a[5].shape[2], dtype=a[5].dtype).expand(a[5].shape[0], -1, -1),
+                                 a[7]), r"is the latent output: apply W_uv"),          # W_uv left out
+    (lambda *a: paged_mla_decode(*a).transpose(1, 2), r"expected \(\d+, 2, 3, 5\) = \(B, S, H, v_dim\)"),
+    (lambda *a: paged_mla_decode(*a).tolist(), r"returned list"),
+])
+def test_paged_decode_other_wrong_answers(wrong, match):
+    with pytest.raises(CheckFailed, match=match):
+        check_paged_mla_decode(wrong)
+
+
+def test_paged_decode_refuses_the_references():
+    from common.kernels import mla_decode
+    with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
+        check_paged_mla_decode(lambda *a: mla_decode.paged_mla(*a))
+    with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
+        check_paged_mla_decode(lambda qn, qr, kv, bt, lens, uk, uv, sc: torch.stack([
+            _gathered(qn[b:b + 1], qr[b:b + 1], kv, bt[b:b + 1], lens[b:b + 1], uk, uv, sc)[0]
+            for b in range(qn.shape[0])]) + 0 * mla_decode.gather_sequence(kv, bt, 0, 1).sum())
+
+
+# ---- 14.8
+def allocate(state, tokens):
+    bs = state.block_size
+    blocks, name, hits = [], None, 0
+    for i in range((len(tokens) - 1) // bs):                   # full blocks before the last token, in order
+        key = hash((name, tuple(tokens[i * bs:(i + 1) * bs])))
+        if key not in state.cached:
+            break                                              # the first miss ends the shared prefix
+        b = state.cached[key]
+        if state.refs[b] == 0:
+            state.free.remove(b)                               # cached, unused: back in use
+        state.refs[b] += 1
+        blocks.append(b)
+        name, hits = key, hits + bs
+    for i in range(len(blocks), -(-len(tokens) // bs)):
+        chunk = tuple(tokens[i * bs:(i + 1) * bs])
+        b = state.free.pop(0)                                  # the least recently used block
+        if b in state.block_name:                              # evict what it held
+            del state.cached[state.block_name.pop(b)]
+        state.refs[b] = 1
+        blocks.append(b)
+        name = hash((name, chunk))
+        if len(chunk) == bs and name not in state.cached:      # only full blocks get a name
+            state.cached[name], state.block_name[b] = b, name
+    return state, blocks, hits
+
+
+def release(state, blocks):
+    for b in reversed(blocks):                                 # the tail first: evicted before the prefix
+        state.refs[b] -= 1
+        if state.refs[b] == 0:
+            state.free.append(b)                               # keeps its name until evicted
+    return state
+
+
+def _prefix_as_learner(cls):
+    own = type("Learner" + cls.__name__, (cls,), {"allocate": own_copy(cls.allocate),
+                                                  "release": own_copy(cls.release)})()
+    return own.allocate, own.release
+
+
+def test_prefix_cache_right_and_stub():
+    assert check_prefix_cache(allocate, release).passed
+    assert check_prefix_cache(*_prefix_as_learner(lc.PrefixCachePolicy)).passed
+    assert check_prefix_cache(stub, stub).status == "not attempted"
+    assert check_prefix_cache(allocate, stub).status == "not attempted"
+
+
+@pytest.mark.parametrize("cls, why", lc.PREFIX_MISTAKES, ids=[c.__name__ for c, _ in lc.PREFIX_MISTAKES])
+def test_prefix_cache_wrong_policies_named(cls, why):
+    assert len(lc.PREFIX_MISTAKES) >= 10
+    for seed in (1, 2, 3):
+        with pytest.raises(CheckFailed, match=re.escape(why)):
+            check_prefix_cache(*_prefix_as_learner(cls), seed=seed)
+
+
+def test_prefix_cache_other_wrong_answers():
+    from common.systems.inference import prefix_cache
+    with pytest.raises(CheckFailed, match=r"expected \(state, blocks, hit_tokens\)"):
+        check_prefix_cache(lambda st, t: allocate(st, t)[1:], release)
+    with pytest.raises(CheckFailed, match=r"return the CacheState you were given"):
+        check_prefix_cache(allocate, lambda st, b: None)
+    with pytest.raises(CheckFailed, match=r"the reference this exercise asks you to write"):
+        check_prefix_cache(lambda st, t: prefix_cache.allocate(st, t), release)
+
+
+def test_prefix_state_is_written_back_over_the_wire():
+    """The grader gives the learner's function a copy of the state: what it changed comes back into the original
+    (a mutable dataclass of `common`, field by field), also when the function returns the state it was given."""
+    from common.core.grading.remote import write_back
+    from common.systems.inference import prefix_cache
+    orig = prefix_cache.new_state(4, 2)
+    copy_ = prefix_cache.new_state(4, 2)
+    allocate(copy_, [1, 2, 3, 4, 5])
+    write_back(orig, copy_)
+    assert orig == copy_ and orig.free == [3] and orig.refs[2] == 1 and len(orig.cached) == 2

@@ -18,6 +18,7 @@ import pytest
 
 from common.core import checks, grading
 from common.core.env import REPO_ROOT
+from common.core import bwrap
 from common.core.grading import sandbox
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.sandbox, pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -171,7 +172,7 @@ def test_verdicts(graded):
         table = list(csv.DictReader(f))
     assert len(table) == len(graded["rows"]) and list(table[0]) == grading.report.FIELDS
     summary = (graded["out"] / "summary.md").read_text()
-    assert "| ada | ada/10_scaling_and_cost.ipynb | 10 | 1 of 5 | 1 | 0 | 3 |" in summary
+    assert "| ada | ada/10_scaling_and_cost.ipynb | 10 | 1 of 6 | 1 | 0 | 4 |" in summary
     assert "| 10.1 | training FLOPs with 6ND |" in summary and "x train_flops(" in summary  # class summary
     assert "ada/notes.ipynb: not named like a lab" in summary and "- zed" in summary and "- bob" not in summary
 
@@ -304,15 +305,15 @@ def test_an_interpreter_behind_a_symlink_is_bound_where_the_grader_names_it(monk
     link.symlink_to(real)
     monkeypatch.setattr(sys, "prefix", str(link))
     monkeypatch.setattr(sys, "executable", str(link / "bin" / "python"))
-    assert (str(real), str(link)) in sandbox._python_aliases()
-    assert (str(real), str(link)) in sandbox.Sandbox(0, sandbox.Limits())._binds()
+    assert (str(real), str(link)) in bwrap.python_aliases()
+    assert (str(real), str(link), False) in sandbox.Sandbox(0, sandbox.Limits())._binds()
 
 
 def test_a_kernel_that_cannot_start_is_one_grader_error(tmp_path, monkeypatch):
     """When the sandboxed interpreter cannot start, grading stops once with the sandbox's own words, instead of
     grading every exercise of every notebook 'not checked'."""
-    monkeypatch.setattr(sandbox, "_python_roots", lambda: [])  # the interpreter is not bound: it cannot start
-    monkeypatch.setattr(sandbox, "_python_aliases", lambda: [])
+    monkeypatch.setattr(bwrap, "python_roots", lambda: [])  # the interpreter is not bound: it cannot start
+    monkeypatch.setattr(bwrap, "python_aliases", lambda: [])
     if os.path.realpath(sys.executable).startswith("/usr/"):
         pytest.skip("this Python lives under /usr, which the sandbox always binds")
     _write(tmp_path / "class" / "ada" / LAB, HEAD, RIGHT)

@@ -110,3 +110,69 @@ def test_solve_for_finds_the_value_that_reproduces_the_figure():
     assert math.isnan(service.solve_for("prefill", "hit_rate", 0.0, 0.563))       # no hit rate reaches 73.7K
     rows = service.tornado("decode", {"hbm_gbs": (2400, 3350)})
     assert rows[0][3] < rows[0][4]
+
+
+def test_mtp_scenario_verifies_its_drafts_and_reads_each_cache_once():
+    """MTP: 2 rows per request through the GEMMs, the all-to-all and the head; the cache read once for both rows;
+    one more MoE layer; 1 + acceptance tokens per request and step. Left out (draft 0), the model is as stated."""
+    base, mtp = im.predict(im.decode_inputs()), im.predict(im.decode_inputs(draft_tokens=1, acceptance=0.85))
+    assert im.predict(im.decode_inputs(draft_tokens=0)).step_s == base.step_s
+    b = 64
+    x1, x2 = im.decode_inputs(), im.decode_inputs(draft_tokens=1)
+    a1, a2 = im.attention_parts(x1, b), im.attention_parts(x2, b)
+    core = "core attention (MQA, KV cache)"
+    flops_bound = 2 * b * 128 * 4989 * 1088 / 660e12                   # 128 heads: past FlashMLA's measured ridge
+    assert a1[core] == pytest.approx(flops_bound) and a2[core] == pytest.approx(2 * flops_bound)
+    assert im.all_to_all(x2, 2 * b)["dispatch"] == pytest.approx(mtp.parts_s["dispatch"] / 2 / (58 + 1))
+    assert mtp.tokens_per_step == 1.85 and mtp.tokens_per_s_per_node == pytest.approx(8 * 128 * 1.85 / mtp.step_s)
+    assert mtp.per_user_tokens_per_s == pytest.approx(1.85 / mtp.step_s)
+    assert "MTP module (one MoE layer and its head)" in mtp.parts_s and mtp.memory_gb["weights"] > base.memory_gb[
+        "weights"]
+    with pytest.raises(ValueError, match=r"acceptance=0.5 is not allowed; allowed: 0..1, and above 0 only with"):
+        im.decode_inputs(acceptance=0.5)
+    with pytest.raises(ValueError, match=r"draft_tokens=1 is not allowed in prefill"):
+        im.prefill_inputs(draft_tokens=1)
+
+
+def test_gap_budgets_multiply_to_the_whole_gap():
+    d = service.decode_gap()
+    assert d["decode_gap_batch"] * d["decode_gap_step"] == pytest.approx(d["decode_vs_reported"], rel=1e-12)
+    assert d["decode_vs_reported"] == pytest.approx(im.predict(im.decode_inputs()).vs_reported)
+    assert round(d["batch_reported"], 1) == 88.1 and d["batch_compared"] == 88
+    assert round(d["step_reported_ms"], 1) == 47.6
+    assert 1.1 < d["decode_gap_batch"] < 1.2 and 1.3 < d["decode_gap_step"] < 1.45     # 1.14 x 1.37 = 1.56
+    p = service.prefill_gap()
+    assert round(p["reported_computed_per_node"]) == 32207
+    assert p["stated_vs_reported"] * p["kv_b_cached_prefix"] * p["threefs_load"] == pytest.approx(
+        p["prefill_computed_vs_reported"], rel=1e-12)
+    assert p["stated_vs_reported"] == pytest.approx(im.predict(im.prefill_inputs()).vs_reported)   # same ratio
+    assert 0.9 < p["kv_b_cached_prefix"] < 1 and 0.8 < p["threefs_load"] < 1
+    assert service.prefill_gap(storage_overlap=True)["threefs_load"] == 1.0       # hidden behind a 1.7 s step
+    m = service.decode_mtp()
+    assert m["acceptance"] == 0.85 and m["reported_tps_speedup"] == 1.8 and m["vs_no_mtp"] > 1
+    assert service.decode_mtp(0.9)["tokens_per_s_per_node"] > m["tokens_per_s_per_node"]
+
+
+def test_utilisation_is_an_input_of_the_cost_and_recovers_the_reported_day():
+    d, p = im.predict(im.decode_inputs()), im.predict(im.prefill_inputs())
+    ceiling = service.day(d.tokens_per_s_per_node, p.tokens_per_s_per_node)
+    assert service.margin_kind(ceiling).startswith("ceiling") and ceiling["margin"] > 10
+    u = (1 / d.vs_reported, 1 / p.vs_reported)
+    at = service.day(d.tokens_per_s_per_node, p.tokens_per_s_per_node, utilisation=u)
+    rep = service.reported_day()
+    assert at["nodes"] == pytest.approx(rep["nodes"]) and at["margin"] == pytest.approx(rep["margin"])
+    assert "64% (decode) and 40% (prefill)" in service.margin_kind(at)
+    half = service.day(14.8e3, 73.7e3, utilisation=0.5)
+    assert half["cost_per_day"] == pytest.approx(2 * rep["cost_per_day"])
+    with pytest.raises(ValueError, match=r"decode utilisation=1.5 is not allowed"):
+        service.day(14.8e3, 73.7e3, utilisation=1.5)
+    assert set(service.implied_utilisation()) == {"decode", "prefill"}
+
+
+def test_per_gpu_weight_reads_and_deepep_room_for_latency():
+    i = im.decode_intensity_per_gpu()
+    assert round(i["per_gpu"]) == 295 and round(i["weights_read_once"]) == 410 and i["requests_per_unit"] == 18432
+    assert round(i["ridge_bf16"]) == 295 and 23 < i["weights_gb_per_gpu"] < 25
+    c = im.deepep_low_latency_check()
+    for name, measured in (("dispatch", 192), ("combine", 369)):
+        assert c[name]["measured_us"] == measured and 0 < c[name]["latency_room_us"] < 0.1 * measured

@@ -13,16 +13,9 @@ from common.core import lessons, notebooks
 from common.core.env import REPO_ROOT
 
 PENDING = {  # lab: the issue that rebuilds it (one line each, so each issue removes its own)
-    "02": 39,
-    "03": 39,
     "04": 40,
     "05": 40,
     "06": 40,
-    "09": 42,
-    "10": 42,
-    "11": 42,
-    "12": 43,
-    "13": 43,
     "14": 44,
 }
 NAMES = notebooks.notebook_names()

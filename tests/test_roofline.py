@@ -140,3 +140,18 @@ def test_close_labels_do_not_overlap():
     ax = rl.plot([rl.Roof("m", 1e11, 2e10, kind="measured")], [("a", 0.1, 1e9), ("b", 0.11, 1.05e9), ("c", 100, 5e10)])
     offsets = [t.xyann for t in ax.texts]
     assert offsets[0] != offsets[1] and offsets[2] == offsets[0]
+
+
+def test_op_cost_and_predict_op():
+    """The predictor the lab's build exercise asks for: each operation's cost by its shape, the roof's verdict."""
+    assert rl.op_cost("gemm", (2, 3, 4), "fp32") == rl.gemm_cost(2, 3, 4, "fp32")
+    assert rl.op_cost("vector_add", 10, "bf16") == rl.vector_add_cost(10, "bf16")
+    p = rl.predict_op("softmax", (4096, 4096), "bf16", 989.5e12, 3.35e12)
+    assert p["bound"] == "memory-bound" and p["intensity"] == 1.25
+    assert p["attainable"] == pytest.approx(1.25 * 3.35e12) and p["seconds"] == pytest.approx(p["bytes"] / 3.35e12)
+    g = rl.predict_op("gemm", (4096, 4096, 4096), "bf16", 989.5e12, 3.35e12)
+    assert g["bound"] == "compute-bound" and g["seconds"] == pytest.approx(g["flops"] / 989.5e12)
+    with pytest.raises(ValueError, match="op='conv'.*allowed: vector_add, gemm"):
+        rl.op_cost("conv", (1, 2), "bf16")
+    with pytest.raises(ValueError, match=r"shape=\(1, 2\) for attention must be \(batch, heads, seq, head_dim\)"):
+        rl.op_cost("attention", (1, 2), "bf16")

@@ -59,3 +59,11 @@ def test_serve_and_step_errors(model):
 def test_decode_step_timing_leaves_the_cache_as_it_was(model):
     t = serving.decode_step_seconds(model, 3, 20, min_run_time=0.01)
     assert t.median_s > 0 and len(t.times) >= 3
+
+
+def test_batch_speedup_is_a_median_over_interleaved_repeats(model):
+    r = serving.batch_speedup(model, batch=4, context=16, blocks=3, per_block=2)
+    assert r["batch"] == 4 and len(r["ratios"]) == 3 and r["low"] <= r["speedup"] <= r["high"]
+    assert r["step_s_batch_1"] > 0 and r["step_s_batch"] > 0
+    with pytest.raises(ValueError, match=r"batch=1 must be an integer >= 2"):
+        serving.batch_speedup(model, batch=1)

@@ -1,9 +1,12 @@
 """Lab 11's storage section: the scratch directory (budget, clean-up, unwritable directory, full disk), reads from
-the page cache and the device, random reads, checkpoints (torch.save, DCP async on gloo ranks) and 3FS's scale."""
+the page cache and the device, time-based samples and random reads, checkpoints (written durably, by a background
+thread, DCP async on gloo ranks) and 3FS's scale."""
 import errno
 import math
 import os
+import stat
 import subprocess
+import time
 
 import pytest
 import torch
@@ -131,8 +134,6 @@ def test_full_disk_while_writing_is_a_clear_error_and_leaves_nothing(tmp_path, m
 def test_dev_full_gives_disk_full_errors():
     with pytest.raises(StorageError, match="disk full while writing '/dev/full'"):
         storage.write_file("/dev/full", MIB)
-    with pytest.raises(StorageError, match="disk full while writing '/dev/full'"):
-        storage.save_with_fsync(storage.recipe_state(4096), "/dev/full")
 
 
 # ---------------------------------------------------------------- the page cache and reads
@@ -190,13 +191,36 @@ def test_random_reads_distinct_blocks_and_percentiles(scratch):
         storage.random_reads(path, 4 * MIB // (4 * KIB) + 1)
 
 
-def test_read_sweep_rows(scratch):
+def test_read_sweep_rows_are_time_based_samples(scratch):
     path = scratch / "f"
     storage.write_file(path, 2 * MIB)
-    rows = storage.read_sweep(path, [4 * KIB, MIB], [1, 2], repeats=2, method=None)
+    rows = storage.read_sweep(path, [4 * KIB, MIB], [1, 2], min_seconds=0.02, method=None)
     assert [(r["sweep"], r["block_size"], r["threads"]) for r in rows] == [
         ("block", 4 * KIB, 1), ("block", MIB, 1), ("threads", MIB, 1), ("threads", MIB, 2)]
     assert all(r["read"] == "page cache" and r["gbps_min"] <= r["gbps"] <= r["gbps_max"] for r in rows)
+    assert all(r["seconds"] >= 0.02 and r["passes"] >= 1 for r in rows)
+    with pytest.raises(ValueError, match="min_seconds=0"):
+        storage.read_sweep(path, [MIB], [1], min_seconds=0)
+
+
+def test_time_based_random_reads_pass_over_every_block_again(scratch):
+    """A 2 MiB file has 512 blocks of 4 KiB: a sample longer than one pass reads them again, in a new order, evicted
+    first when cold (so no read comes from the cache)."""
+    path = scratch / "f"
+    storage.write_file(path, 2 * MIB)
+    r = storage.sample_random(path, threads=2, cold=False, min_seconds=0.05, seed=3)
+    assert r.seconds >= 0.05 and r.reads == len(r.latencies_us) and r.reads % 512 == 0 and r.reads >= 512
+    assert r.threads == 2 and r.method == "page cache"
+    runs = storage.sample_sequential(path, MIB, min_seconds=0.01)
+    assert sum(x.seconds for x in runs) >= 0.01 and all(x.nbytes == 2 * MIB for x in runs)
+
+
+def test_fio_commands_name_what_they_measure():
+    assert "--numjobs=4" in storage.fio_command("qd4", 64) and "--rw=randread --bs=4k" in storage.fio_command("qd1", 64)
+    assert "--direct=1" in storage.fio_command("cold", 64) and "--pre_read=1" in storage.fio_command("warm", 64)
+    assert all("--time_based --runtime=2" in storage.fio_command(k, 64) for k in ("warm", "cold", "qd1", "qd4"))
+    with pytest.raises(ValueError, match="kind='qd8'"):
+        storage.fio_command("qd8", 64)
 
 
 @pytest.mark.parametrize("kw,match", [({"block_size": 0}, "block_size=0"), ({"threads": 0}, "threads=0"),
@@ -244,11 +268,69 @@ def test_bitwise_mismatches_sees_one_flipped_bit_a_dtype_and_a_missing_key():
     assert storage.bitwise_mismatches({k: v for k, v in same.items() if k != key}, state) == [key]
 
 
-def test_torch_save_round_trip(scratch):
-    out = storage.measure_torch_save(scratch, 1024 * 100, repeats=2)
-    assert out["mismatches"] == [] and len(out["gbps"]) == 2
-    assert out["file_bytes"] >= out["state_bytes"] == 10 * 1024 * 100
-    assert all(r["fsync_s"] >= 0 and r["save_s"] > 0 for r in out["rounds"])
+def test_write_durably_replaces_atomically_and_leaves_nothing(scratch, monkeypatch):
+    path = scratch / "ckpt.pt"
+    path.write_bytes(b"old")
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.fstat(fd)), real(fd))[1])
+    storage.write_durably(b"new bytes", path)
+    assert path.read_bytes() == b"new bytes" and sorted(p.name for p in scratch.path.iterdir()) == ["ckpt.pt"]
+    assert [stat.S_ISDIR(s.st_mode) for s in synced] == [False, True]  # the file, then its directory
+    assert synced[0].st_size == len(b"new bytes") and synced[0].st_ino == path.stat().st_ino
+
+
+def test_a_full_disk_during_a_durable_write_is_clear_and_leaves_nothing(scratch, monkeypatch):
+    path = scratch / "ckpt.pt"
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(StorageError, match="disk full while writing .*ckpt.pt"):
+        storage.write_durably(b"x" * 1000, path)
+    assert list(scratch.path.iterdir()) == []
+
+
+def test_a_failed_durable_write_leaves_the_old_file(scratch, monkeypatch):
+    path = scratch / "ckpt.pt"
+    path.write_bytes(b"old")
+    monkeypatch.setattr(os, "replace", lambda a, b: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    with pytest.raises(OSError, match="I/O error"):
+        storage.write_durably(b"new", path)
+    assert path.read_bytes() == b"old" and sorted(p.name for p in scratch.path.iterdir()) == ["ckpt.pt"]
+
+
+def test_async_checkpointer_stages_orders_and_reports_errors(scratch):
+    done = []
+
+    def write(state, path):
+        time.sleep(0.05 if not done else 0)
+        if path == "bad":
+            raise OSError(28, "No space left on device")
+        done.append((path, state["x"].clone()))
+    ck = storage.AsyncCheckpointer(write)
+    x = torch.zeros(4)
+    ck.save({"x": x}, "a")
+    x += 1  # the training step changes the tensor while the first write is still sleeping
+    ck.save({"x": x}, "b")
+    ck.wait()
+    assert [p for p, _ in done] == ["a", "b"] and done[0][1].tolist() == [0] * 4 and done[1][1].tolist() == [1] * 4
+    ck.save({"x": x}, "bad")
+    with pytest.raises(OSError, match="No space left"):
+        ck.wait()
+    ck.save({"x": x}, "c")
+    ck.wait()
+    ck.close()
+    assert done[-1][0] == "c" and not ck._thread.is_alive()
+
+
+def test_measure_checkpoints_reads_back_every_async_save(scratch):
+    out = storage.measure_checkpoints(scratch, 1024 * 64, rounds=2, step_ms=2)
+    assert out["mismatches"] == [[], []] and len(out["rounds"]) == 2 and out["n_steps"] >= 3
+    assert out["file_bytes"] >= out["state_bytes"] == 10 * 1024 * 64
+    for r in out["rounds"]:
+        assert r["exposed_s"] == pytest.approx(r["overlap_s"] - r["steps_s"]) and r["stage_s"] <= r["overlap_s"]
+        assert r["blocking_s"] == pytest.approx(r["serialize_s"] + r["disk_s"])
+    assert out["serialize_gbps"] > 0 and out["disk_gbps"] > 0
+    with pytest.raises(ValueError, match="rounds=0"):
+        storage.measure_checkpoints(scratch, 4096, rounds=0)
 
 
 def test_hidden_fraction():
@@ -302,12 +384,15 @@ def test_v3_checkpoint_follows_lab_09_13_memory_recipe():
     ck = storage.v3_checkpoint()
     counts = models.count_params(v3model.config())
     assert ck["params"] == pytest.approx(counts["total_with_mtp"], rel=1e-12)
-    assert ck["bytes_per_param"] == pytest.approx(2 + v3model.fact("master_weight_bytes")
-                                                  + 2 * v3model.fact("adam_moment_bytes"))
+    assert ck["params"] - ck["mtp_params"] == pytest.approx(counts["total"], rel=1e-12)  # 671B + the MTP module
+    assert ck["bytes_per_param"] == pytest.approx(v3model.fact("master_weight_bytes")
+                                                  + 2 * v3model.fact("adam_moment_bytes")) == 8
+    assert ck["bytes_per_param_with_weights"] == pytest.approx(10)
     # lab 13's ZeRO-1 optimizer shard per GPU, times the GPUs, is the whole optimizer state once
-    assert ck["optimizer_gb_per_gpu"] * ck["gpus"] == pytest.approx(ck["optimizer_gb"], rel=1e-9)
-    assert ck["checkpoint_gb"] == pytest.approx(6826.4, abs=0.1)
-    assert storage.v3_checkpoint_seconds(6.6 * 2**40) == pytest.approx(0.9407, abs=1e-4)
+    assert ck["optimizer_gb_per_gpu"] * ck["gpus"] == pytest.approx(ck["resumable_gb"], rel=1e-9)
+    assert ck["resumable_gb"] == pytest.approx(5461.1, abs=0.1) and ck["with_weights_gb"] == pytest.approx(6826.4, abs=0.1)
+    assert storage.v3_checkpoint_seconds(6.6 * 2**40) == pytest.approx(0.7526, abs=1e-4)
+    assert storage.v3_checkpoint_seconds(6.6 * 2**40, with_weights=True) == pytest.approx(0.9407, abs=1e-4)
 
 
 def test_checkpoint_seconds_takes_the_slower_limit():

@@ -129,3 +129,46 @@ def test_draw_topology_all_systems():
         ax = topology.draw_topology(sid)
         assert "NVLink" in ax.get_title()
         plt.close("all")
+
+
+# ---- placements and the traffic between domains (lab 09's build exercise)
+def test_place_keeps_groups_that_fit_inside_a_domain():
+    import numpy as np
+    from common.systems.cluster import placement
+    for tp, ep, pp, dp, domain in ((1, 64, 16, 128, 72), (16, 1, 4, 32, 72), (2, 4, 3, 8, 6), (8, 8, 2, 16, 8)):
+        lay = topology.Layout(tp=tp, pp=pp, dp=dp, ep=ep)
+        gpu = placement.place(tp, ep, pp, dp, domain)
+        assert len(np.unique(gpu)) == gpu.size
+        for kind, size in (("tp", tp), ("ep", tp * ep)):
+            if size <= domain:
+                assert all(len(d) == 1 for _, d in placement.spans(gpu, lay, domain, kind)), (kind, tp, ep, domain)
+
+
+def test_crossing_bytes_by_hand():
+    """Two TP2 groups on domains of 2 GPUs: placed side by side nothing crosses; interleaved each ring crosses twice
+    (2 domains), each crossing carrying 2 (g - 1) / g = 1 x the bytes reduced."""
+    import numpy as np
+    from common.systems.cluster import placement
+    lay = topology.Layout(tp=2, pp=1, dp=2)
+    vol = {"tp": 10.0, "ep": 0.0, "pp": 0.0, "dp": 0.0, "dp_experts": 0.0}
+    assert placement.crossing_bytes(np.array([[[0, 1], [2, 3]]]), lay, 2, vol)["total"] == 0
+    assert placement.crossing_bytes(np.array([[[0, 2], [1, 3]]]), lay, 2, vol)["tp"] == 2 * 2 * 10.0
+    ep = topology.Layout(tp=1, pp=1, dp=4, ep=4)  # an all-to-all of 4, two per domain: each sends 2 of 4 shares out
+    vol = {"tp": 0.0, "ep": 8.0, "pp": 0.0, "dp": 0.0, "dp_experts": 0.0}
+    assert placement.crossing_bytes(np.arange(4).reshape(1, 4, 1), ep, 2, vol)["ep"] == 4 * 8.0 * 2 / 4
+
+
+def test_contiguous_splits_deepseeks_ep_groups_on_nvl72_and_placement_errors_are_clear():
+    import pytest
+    from common.systems.cluster import placement
+    ds = topology.model_sketch("deepseek_v3")
+    lay = topology.Layout(tp=1, pp=16, dp=128, ep=64)
+    vol = placement.volumes(ds, lay, 62_914_560)
+    naive = placement.crossing_bytes(placement.contiguous(1, 64, 16, 128), lay, 72, vol)
+    best = placement.crossing_bytes(placement.place(1, 64, 16, 128, 72), lay, 72, vol)
+    assert naive["ep"] > 0 == best["ep"] and best["total"] < naive["total"] / 10
+    assert placement.domains_used(placement.place(1, 64, 16, 128, 72), 72) == 32
+    with pytest.raises(ValueError, match=r"shape \(16, 1\).*\(pp, dp, tp\) = \(1, 16, 1\)"):
+        placement.check_placement([[0]] * 16, topology.Layout(dp=16))
+    with pytest.raises(ValueError, match="GPU 3 holds two ranks"):
+        placement.check_placement([[[3], [3]]], topology.Layout(dp=2))

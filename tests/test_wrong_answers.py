@@ -1,7 +1,7 @@
 """For each checker, its three most likely wrong answers (as a learner would write them), and the words its verdict
 must use to name each one as it is -- not a nearby mistake. Labs 00-05 and 09-10 here; labs 06-08 and 11-13 in
 test_wrong_answers_late.py. (Exercises whose lab test file already holds three or more named mistakes -- 0.3, 1.1-1.3,
-3.2, 3.3, 4.2-4.5, 5.2, 5.8 -- are counted by test_every_checker_has_three_named_mistakes.)
+2.4, 3.1-3.3, 4.2-4.5, 5.2, 5.8 -- are counted by test_every_checker_has_three_named_mistakes.)
 
 Each wrong answer runs on three seeds: a mistake must be named whatever the random cases are.
 """
@@ -10,7 +10,7 @@ import math
 import pytest
 
 from common.core.checks import CheckFailed
-from common.exercises import lab00, lab02, lab03, lab04, lab05, lab09, lab10
+from common.exercises import lab00, lab02, lab04, lab05, lab09, lab10
 from common.facts import hardware
 from common.systems.cluster import scaling
 
@@ -63,25 +63,10 @@ WRONG = {
         (lambda m, n, k, b, f, bw: max(2 * m * n * k / f, (m * k + k * n) * b / bw), "miss writing C"),
     ],
     # ------------------------------------------------------------------------------------------- lab 02
-    lab02.check_vector_add_cost: [
-        (lambda n, d: (n, 2 * n * B[d]), "miss a stream"),
-        (lambda n, d: (n, 3 * n), "counted in elements"),
-        (lambda n, d: (2 * n, 3 * n * B[d]), "1 FLOP, not 2"),
-    ],
     lab02.check_gemm_cost: [
         (lambda m, n, k, d: (m * n * k, (m * k + k * n + m * n) * B[d]), "counts multiply-adds"),
         (lambda m, n, k, d: (2 * m * n * k, (m * k + k * n) * B[d]), "miss writing C"),
         (lambda m, n, k, d: (2 * m * n * k, (m * k + k * n + m * n) * 2), "bytes per element|bytes use"),
-    ],
-    lab02.check_softmax_cost: [
-        (lambda r, c, d: (5 * r * c, r * c * B[d]), "only the read of x"),
-        (lambda r, c, d: (5 * r * c, 2 * r * c), "counted in elements"),
-        (lambda r, c, d: (3 * r * c, 2 * r * c * B[d]), "5 FLOPs per element"),
-    ],
-    lab02.check_layernorm_cost: [
-        (lambda r, c, d: (8 * r * c, 2 * r * c * B[d]), "miss the weight and bias"),
-        (lambda r, c, d: (8 * r * c, 4 * r * c * B[d]), "once per call, not once per row"),
-        (lambda r, c, d: (5 * r * c, (2 * r * c + 2 * c) * B[d]), "8 FLOPs per element"),
     ],
     lab02.check_attention_cost: [
         (lambda b, h, s, d_, d: (b * h * (4 * s * s * d_ + 5 * s * s), b * h * 4 * s * d_ * B[d]),
@@ -90,11 +75,6 @@ WRONG = {
          "count S and P once each"),
         (lambda b, h, s, d_, d: (4 * s * s * d_ + 5 * s * s, (4 * s * d_ + 4 * s * s) * B[d]),
          "one \\(batch, head\\)"),
-    ],
-    lab02.check_attainable: [
-        (lambda x, p, b: max(p, x * b), "larger of the two roofs"),
-        (lambda x, p, b: x * b, "exceeds the compute peak"),
-        (lambda x, p, b: min(p, x / b), "you divided"),
     ],
     lab02.check_ridge: [
         (_ridge_sparse, "sparse"),
@@ -107,13 +87,6 @@ WRONG = {
         (_weights_only, "weights-only estimate"),
         (lambda g, d, k, n: _critical(g, d, k, n, (hardware.gpu(g).tflops[d]["sparse"] or
                                                   hardware.gpu(g).tflops[d]["dense"]) * 1e12), "sparse"),
-    ],
-    # ------------------------------------------------------------------------------------------- lab 03 (3.1)
-    lab03.check_chain_bytes: [
-        (lambda n, ops, b, fused: 2 * n * b, "that is the fused count"),
-        (lambda n, ops, b, fused: 2 * n * b * ops, "that is the unfused count"),
-        (lambda n, ops, b, fused: (1 if fused else ops + 1) * n * b + (n * b if fused else 0),
-         "one read and"),
     ],
     # ------------------------------------------------------------------------------------------- lab 04 (4.1)
     lab04.check_standard_attention_bytes: [
@@ -151,6 +124,13 @@ WRONG = {
         (lambda b, g, dom, nv, net: max(b * min(g, dom) / g / (nv * 1e9), b * (g - min(g, dom)) / g / (net * 1e9)),
          "keeps for itself"),
     ],
+    lab09.check_place: [  # the build exercise: its other named mistakes are in test_exercises_lab09.py
+        (lambda tp, ep, pp, dp, dom: _contiguous(tp, ep, pp, dp), "fit in one 72-GPU domain: start each TP x EP block"),
+        (lambda tp, ep, pp, dp, dom: _aligned(tp, ep, pp, dp, dom).reshape(tp, pp, dp).transpose(1, 2, 0),
+         "varies faster than t"),
+        (lambda tp, ep, pp, dp, dom: _aligned(tp, ep, pp, dp, dom).reshape(pp, ep, dp // ep, tp).transpose(0, 2, 1, 3)
+         .reshape(pp, dp, tp), "an EP group is ep consecutive DP ranks"),
+    ],
     # ------------------------------------------------------------------------------------------- lab 10
     lab10.check_train_flops: [
         (lambda n, d: 2 * n * d, "2ND, the forward pass only"),
@@ -180,7 +160,34 @@ WRONG = {
         (lambda f, n, g, d, mfu: f / (n * scaling.peak_tflops(g, d) * 1e12 * mfu) / 3600, "that is hours"),
         (lambda f, n, g, d, mfu: f / (scaling.peak_tflops(g, d) * 1e12 * mfu) / 86400, "divide by the GPU count"),
     ],
+    lab10.check_cost_model: [  # the build exercise: its other named mistakes are in test_exercises_lab10.py
+        (lambda m, r: _cost(m, r, flops_per_token=6 * m["params"] + _attention(m, r)), "TOTAL parameters"),
+        (lambda m, r: _cost(m, r, gpu_hours=_cost(m, r)["gpu_hours"] / 2), "sparse \\(2:4\\)"),
+        (lambda m, r: _cost(m, r, optimizer_gb=_cost(m, r)["optimizer_gb"] * 8 / 12), "THREE FP32 values"),
+    ],
 }
+
+
+def _contiguous(tp, ep, pp, dp):
+    """Ranks in Megatron's order on GPUs 0, 1, 2, ... (a learner's placement that ignores the domains)."""
+    import numpy as np
+    return np.arange(pp * dp * tp).reshape(pp, dp, tp)
+
+
+def _aligned(tp, ep, pp, dp, domain):
+    """The GPU ids a right placement uses, in rank order (lab 09's solution), to be put in a wrong order."""
+    from test_exercises_lab09 import _slots
+    return _slots(tp, ep, pp, dp, domain)
+
+
+def _attention(m, r):
+    return 3 * m["layers"] * m["heads"] * (m["qk_head_dim"] + m["v_head_dim"]) * r["seq_len"]
+
+
+def _cost(m, r, **wrong):
+    """A learner's cost model (lab 10's solution) with some of its figures replaced by `wrong`."""
+    from test_exercises_lab10 import right_cost
+    return {**right_cost(m, r), **wrong}
 
 
 def _memory(dn, ex, tp, pp, dp, ep, gib=False, zero1=True, split_experts=True):
@@ -216,10 +223,13 @@ IN_LAB_TESTS = {
                    "test_is_regression_wrapper_of_the_reference_is_caught"]),
     "0.3": ("00", ["test_ceilings_mistakes_named", "test_ceilings_reference_is_caught"]),
     "1.3": ("01", ["test_do_bench_mistakes_named"]),
-    "3.2": ("03", ["test_vector_add_missing_mask", "test_vector_add_wrong_grid", "test_vector_add_ignoring_block_size_caught",
+    "2.4": ("02", ["test_roofline_predictor_mistakes_named", "test_roofline_predictor_learners_warmups_propagate"]),
+    "3.1": ("03", ["test_vector_add_missing_mask", "test_vector_add_wrong_grid", "test_vector_add_ignoring_block_size_caught",
                    "test_vector_add_unmasked_loads_caught", "test_vector_add_in_pytorch_is_not_a_kernel"]),
-    "3.3": ("03", ["test_softmax_without_max_subtraction", "test_softmax_wrong_axis", "test_softmax_padding_counted",
+    "3.2": ("03", ["test_softmax_without_max_subtraction", "test_softmax_wrong_axis", "test_softmax_padding_counted",
                    "test_softmax_ignores_row_stride"]),
+    "3.3": ("03", ["test_add_rmsnorm_mistakes_named", "test_add_rmsnorm_accumulated_in_bf16_named",
+                   "test_add_rmsnorm_in_pytorch_is_not_a_kernel"]),
     "4.2": ("04", ["test_online_softmax_no_rescale", "test_online_softmax_max_not_subtracted",
                    "test_online_softmax_must_be_online"]),
     "4.3": ("04", ["test_tiled_mistakes", "test_tiled_sdpa_is_not_the_loop"]),
@@ -242,16 +252,19 @@ IN_LAB_TESTS = {
     "7.5": ("07", ["test_send_counts_wrong"]),
     "8.2": ("08", ["test_dualpipe_ops_wrong"]),
     "12.2": ("12", ["test_equivalent"]),
-    "12.3": ("12", ["test_moe_grouped_forward", "test_one_act_call_is_required"]),
-    "12.4": ("12", ["test_corrected_share"]),
-    "12.5": ("12", ["test_profile_steps"]),
-    "12.6": ("12", ["test_top_op"]),
+    "12.3": ("12", ["test_corrected_share"]),
+    "12.6": ("12", ["test_profile_steps"]),
+    "12.7": ("12", ["test_top_op"]),
+    "12.8": ("12", ["test_moe_grouped_forward", "test_one_act_call_is_required"]),
     "13.1": ("13", ["test_moe_layer_flops_wrong"]),
     "14.1": ("14", ["test_kv_bytes_wrong"]),
     "14.2": ("14", ["test_absorbed_wrong"]),
     "14.3": ("14", ["test_gather_wrong"]),
     "14.4": ("14", ["test_intensity_wrong"]),
     "14.5": ("14", ["test_cost_wrong"]),
+    "14.6": ("14", ["test_schedule_step_wrong_policies_named", "test_schedule_step_other_wrong_answers"]),
+    "14.7": ("14", ["test_paged_decode_mistakes_named", "test_paged_decode_other_wrong_answers"]),
+    "14.8": ("14", ["test_prefix_cache_wrong_policies_named", "test_prefix_cache_other_wrong_answers"]),
 }
 OTHERS: set = set()  # exercises whose cases another change owns
 

@@ -1,5 +1,6 @@
 """Labs 06-08 and 11-13: each checker's three most likely wrong answers, and the words that name each one (see
 test_wrong_answers.py). 13.1 is another change's; 7.3's, 7.5's and 6.3's named mistakes live in their lab test files."""
+import functools
 import math
 
 import pytest
@@ -10,7 +11,41 @@ from common.exercises import lab06, lab07, lab08, lab11, lab12, lab13
 from common.moe import moe
 from test_wrong_answers import run_named
 
+def _durable(data, path, **wrong):
+    from test_exercises_lab11 import durable
+    return durable(data, path, **wrong)
+
+
+def _writer(name):
+    import test_exercises_lab11
+    return getattr(test_exercises_lab11, name)
+
+
 _gate = own_copy(moe.deepseek_v3_gate)  # a learner's gate: the same logic in their own code, to perturb
+
+
+def _guard(*args, **kwargs):
+    from test_exercises_lab12 import guard
+    return guard(*args, **kwargs)
+
+
+def _mask_loop(*args):
+    from test_exercises_lab12 import _mask_loop as loop
+    return loop(*args)
+
+
+def _sorted(x, weights, indices, w_gate, w_up, w_down, act, split=True):
+    plan = moe.dispatch_plan(indices, w_gate.shape[0])
+    ws = (w_gate.unbind(0), w_up.unbind(0), w_down.unbind(0)) if split else (w_gate, w_up, w_down)
+    outs = [act(r @ ws[0][e], r @ ws[1][e]) @ ws[2][e]
+            for e, r in enumerate(moe.dispatch(x, plan).split(plan.counts.tolist()))]
+    return moe.combine(torch.cat(outs), plan, weights, indices.shape[0])
+
+
+def _layer(cfg, tokens, kit, **mistake):
+    from common.exercises import layer_model
+    return layer_model.reference(cfg, tokens, kit, **mistake)
+
 EXPERT = lambda h, f: 3 * h * f  # noqa: E731
 
 
@@ -133,6 +168,16 @@ WRONG = {
         (lambda d, n, mode: n * min(d, 1 / 7) if mode == "mig" else _share(d, n, mode), "at most 7 MIG instances"),
         (lambda d, n, mode: min(n, 7) / 7 if mode == "mig" else _share(d, n, mode), "not the whole slice"),
     ],
+    lab11.check_write_durably: [
+        (lambda d, p: _durable(d, p, fsync=False), "never fsynced"),
+        (lambda d, p: _durable(d, p, flush=False), "f.flush\\(\\) before os.fsync"),
+        (lambda d, p: _durable(d, p, rename=False), "written in place"),
+    ],
+    lab11.check_async_checkpointer: [  # the build exercise: its other named mistakes are in test_exercises_lab11.py
+        (_writer("NotStaged"), "holds values changed after save\\(\\) returned"),
+        (_writer("ThreadPerSave"), "two writes ran at the same time"),
+        (_writer("Swallowed"), "wait\\(\\) returned as if it had been saved"),
+    ],
     lab11.check_checkpoint_seconds: [
         (lambda size, r, nic, store: max(size / r / nic, size / store), "gigaBITS per second"),
         (lambda size, r, nic, store: size / r / (nic / 8), "shared by all .* writers"),
@@ -146,7 +191,24 @@ WRONG = {
                                if e["ts"] + e["dur"] > w[0] and e["ts"] < w[1]) / (w[1] - w[0]),
          "counted twice"),
     ],
+    # ------------------------------------------------------------------------------------------- lab 12 (12.4, 12.5)
+    lab12.check_keep_or_revert: [
+        (functools.partial(_guard, synced=False), "still queued"),
+        (functools.partial(_guard, order="fixed"), "order at random"),
+        (functools.partial(_guard, rule="median"), "kept on the median"),
+    ],
+    lab12.check_moe_sorted_forward: [
+        (_mask_loop, "boolean masks"),
+        (functools.partial(_sorted, split=False), "unbind"),
+        (lambda x, w, i, *ws: _sorted(x, torch.ones_like(w), i, *ws), "gate weight"),
+    ],
     # ------------------------------------------------------------------------------------------- lab 13
+    lab13.check_layer_seconds: [
+        (functools.partial(_layer, sparse_peak=True), "SPARSE peak"),
+        (functools.partial(_layer, fp8_for_bf16=True), "at DeepGEMM's FP8 rate"),
+        (lambda cfg, tokens, kit: dict.fromkeys(("forward", "backward"), _layer(cfg, tokens, kit)["forward"]),
+         "backward = forward"),
+    ],
     lab13.check_exposed_all_to_all: [
         (lambda F, B, cf, cb, ov: (cf + cb - F - B) if ov else cf + cb, "negative"),
         (lambda F, B, cf, cb, ov: cf + cb, "no overlap counted"),

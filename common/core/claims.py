@@ -72,18 +72,21 @@ _made: list[Claim] = []
 
 
 def readable(x: Any, digits: int = 3) -> str:
-    """A number for reading: 3 significant digits, thousands separated, no exponent between 1e-3 and 1e15."""
+    """A number for reading: 3 significant digits, thousands separated, no exponent between 1e-3 and 1e15 (and none
+    with a '+' above: 3.29e24)."""
+    if hasattr(x, "item") and getattr(x, "ndim", None) == 0:  # a NumPy or torch scalar
+        x = x.item()
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return str(x)
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)
     if x == 0:
         return "0"
-    if isinstance(x, int) or (float(x).is_integer() and abs(x) >= 10 ** digits):
+    if (isinstance(x, int) or (float(x).is_integer() and abs(x) >= 10 ** digits)) and abs(x) < 1e15:
         return f"{int(round(x)):,}"
     magnitude = math.floor(math.log10(abs(x)))
     if magnitude < -3 or magnitude >= 15:
-        return f"{x:.{digits - 1}e}"
+        return f"{x:.{digits - 1}e}".replace("e+", "e")  # 3.29e24, as the labs' text writes it
     decimals = max(0, digits - 1 - magnitude)
     return f"{x:,.{decimals}f}"
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import random
 import secrets
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from common.core.checks import CheckFailed, _learner_error, needs_triton
 
@@ -98,15 +100,20 @@ def _reference_name(ref) -> str:
     return f"{ref[0].__name__}.{ref[1]}" if isinstance(ref, tuple) else f"{ref.__module__}.{ref.__qualname__}"
 
 
-def learner_call(fn, args: tuple, call: str, references=(), used: set | None = None, expected: str = ""):
+def learner_call(fn, args: tuple, call: str, references=(), used: set | None = None, expected: str = "",
+                 allowed=(), library: bool = False):
     """fn(*args); an exception other than NotImplementedError (or a checker's own CheckFailed) becomes a verdict
     naming `call` (and, with `expected`, what it should have returned).
 
     `references`: the `common` functions this exercise asks the learner to write, as functions or (module, name)
     pairs (see `watched`); a call to one is a verdict, or, with `used` (a set), is added to it for the checker to
-    refuse once the numbers are right.
+    refuse once the numbers are right. With `library`, any other call from the learner's code into the workbook's
+    library (common's kernels, moe, parallel and systems packages) is refused the same way -- helpers that together
+    do the exercise are a route around it -- unless `allowed` names it: qualified names or prefixes
+    ("common.systems.inference.scheduler.Seq" allows Seq's methods), for what the exercise hands the learner.
     """
     references = tuple(references)
+    allowed = tuple(allowed)
     remote = _remote(fn)
     itself = None
     for ref in references:
@@ -116,9 +123,9 @@ def learner_call(fn, args: tuple, call: str, references=(), used: set | None = N
         raise _passed_itself(call, itself)
     try:
         if remote is not None:  # the learner's function runs in a sandbox (the grader): it reports what it called
-            result, called, itself = remote(args, references)
+            result, called, itself = remote(args, references, allowed if library else None)
         else:
-            with watched(references) as called:
+            with watched(references, allowed, library) as called:
                 result = fn(*args)
     except (NotImplementedError, CheckFailed):
         raise
@@ -135,9 +142,17 @@ def learner_call(fn, args: tuple, call: str, references=(), used: set | None = N
     if called and used is not None:
         used.update(called)
     elif called:
-        raise CheckFailed(f"{call} called {called[0]}, the reference this exercise asks you to write; write it "
-                          f"yourself (torch and math built-ins are fine)")
+        raise refused(call, called[0], references)
     return result
+
+
+def refused(call: str, name: str, references=()) -> CheckFailed:
+    """The verdict on a learner's function that called `name` of the workbook instead of doing the exercise."""
+    if name in {_reference_name(r) for r in references}:
+        return CheckFailed(f"{call} called {name}, the reference this exercise asks you to write; write it yourself "
+                           f"(torch and math built-ins are fine)")
+    return CheckFailed(f"{call} called {name}, the workbook's own code, which does (part of) this exercise for you; "
+                       f"write it yourself with torch, math and what the exercise hands you")
 
 
 def _passed_itself(call: str, name: str) -> CheckFailed:
@@ -146,15 +161,15 @@ def _passed_itself(call: str, name: str) -> CheckFailed:
 
 
 def _remote(fn):
-    """fn's remote_call(args, references) -> (result, called, itself) when fn stands for a learner's function in a
-    sandbox (common.core.grading.remote.RemoteFunction, or a functools.partial of one); else None."""
+    """fn's remote_call(args, references, allowed) -> (result, called, itself) when fn stands for a learner's function
+    in a sandbox (common.core.grading.remote.RemoteFunction, or a functools.partial of one); else None."""
     if isinstance(fn, functools.partial):
         inner = getattr(fn.func, "remote_call", None)
         if inner is None:
             return None
-        return lambda args, refs: inner(tuple(fn.args) + tuple(args), dict(fn.keywords), refs)
+        return lambda args, refs, allowed=(): inner(tuple(fn.args) + tuple(args), dict(fn.keywords), refs, allowed)
     inner = getattr(fn, "remote_call", None)
-    return None if inner is None else (lambda args, refs: inner(tuple(args), {}, refs))
+    return None if inner is None else (lambda args, refs, allowed=(): inner(tuple(args), {}, refs, allowed))
 
 
 def as_number(got, call: str, what: str = "a number", integer: bool = False):
@@ -188,15 +203,26 @@ def expect_number(got: float, expected: float, what: str, rtol: float, atol: flo
                           f"allowed {rtol:g})")
 
 
+COMMON = str(Path(__file__).resolve().parents[1]) + os.sep  # common/
+LIBRARY = tuple(COMMON + p + os.sep for p in ("kernels", "moe", "parallel", "systems"))  # what the labs teach
+
+
+def _allowed(name: str, allowed: tuple) -> bool:
+    return any(name == a or name.startswith(a + ".") for a in allowed)
+
+
 @contextlib.contextmanager
-def watched(references):
+def watched(references, allowed=(), library: bool = True):
     """Spy on the references while the block runs; yields the list of their names that were called.
 
     A (module, name) pair is replaced by a spy in its module (a call through the module is seen); a function is
-    watched by its code object (a call is seen whatever name or import path the learner used)."""
+    watched by its code object (a call is seen whatever name or import path the learner used). With `library`, a
+    call from code outside `common/` (the learner's) into the workbook's library -- common's kernels, moe, parallel
+    and systems packages -- is recorded too, as "module.qualname", unless `allowed` names it or a prefix of it."""
     called: list[str] = []
     saved = []
     codes = {}
+    allowed = tuple(allowed)
     for ref in references:
         if not isinstance(ref, tuple):
             codes[ref.__code__] = _reference_name(ref)
@@ -210,15 +236,25 @@ def watched(references):
         saved.append((module, name, real))
         setattr(module, name, spy)
     before = sys.getprofile()
-    if codes:
-        def profile(frame, event, arg):
-            if event == "call" and frame.f_code in codes:
-                called.append(codes[frame.f_code])
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        if code in codes:
+            called.append(codes[code])
+        elif library and code.co_filename.startswith(LIBRARY):
+            caller = frame.f_back
+            if caller is not None and not caller.f_code.co_filename.startswith(COMMON):
+                name = f"{frame.f_globals.get('__name__', '?')}.{getattr(code, 'co_qualname', code.co_name)}"
+                if not _allowed(name, allowed) and name not in called:
+                    called.append(name)
+    if codes or library:
         sys.setprofile(profile)
     try:
         yield called
     finally:
-        if codes:
+        if codes or library:
             sys.setprofile(before)
         for module, name, real in saved:
             setattr(module, name, real)

@@ -1,10 +1,13 @@
-"""Checkers for lab 02 (roofline): FLOPs and bytes of real operations, attainable performance, ridge points and the
-critical batch of a decode matmul. References: common.kernels.roofline (costs, model) and common.facts.hardware (datasheets)."""
+"""Checkers for lab 02 (roofline): FLOPs and bytes of a GEMM and of naive attention, a GPU's ridge point, the lab's
+build exercise -- a roofline predictor for any operation from its shapes (FLOPs, bytes, intensity, bound, attainable
+rate, time) -- and the critical batch of a decode matmul. References: common.kernels.roofline (costs, model,
+`predict_op`) and common.facts.hardware (datasheets)."""
 from __future__ import annotations
 
 import math
 
 from common.core.checks import checker, expect, expect_close, fail
+from common.core.claims import readable
 from common.exercises.cases import as_number, learner_call, replayable
 from common.facts import hardware
 from common.kernels import roofline as rl
@@ -22,6 +25,10 @@ def _pair(got, call: str):
     except (TypeError, ValueError):
         fail(f"{call} returned {got!r}; expected a pair (flops, bytes)")
     return float(flops), float(nbytes)
+
+
+def _several(named: list) -> str:
+    return {2: "two mistakes", 3: "three mistakes"}.get(len(named), "several mistakes")
 
 
 def _check_cost(call: str, got, ref: rl.Cost, mistakes: list[tuple[str, float | None, float | None]],
@@ -46,7 +53,7 @@ def _check_cost(call: str, got, ref: rl.Cost, mistakes: list[tuple[str, float | 
             named.append(f"the bytes use {wrong[0]} bytes per element; {dtype} has {B[dtype]}")
     named = list(dict.fromkeys(named))
     if named:
-        text = named[0] if len(named) == 1 else "two mistakes give this answer -- " + "; or ".join(named)
+        text = named[0] if len(named) == 1 else f"{_several(named)} give this answer -- " + "; or ".join(named)
         fail(f"{call} = ({flops:.6g}, {nbytes:.6g}): {text} (expected ({ref.flops:.6g}, {ref.bytes:.6g}))")
     expect_close(flops, ref.flops, f"{call} FLOPs{f' ({flops_hint})' if flops_hint else ''}", rtol=1e-9, atol=0)
     expect_close(nbytes, ref.bytes, f"{call} bytes", rtol=1e-9, atol=0)
@@ -56,28 +63,55 @@ def _learner(fn, text: str, *args, reference: str = ""):
     return learner_call(fn, tuple(args), text, [(rl, reference)] if reference else (), expected="a pair (flops, bytes)")
 
 
-_DTYPES_FIXED = ("fp32", "bf16", "fp8", "fp64")  # every element size in a fixed case, the 4-byte one first
+def _elements(shape) -> float:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
 
 
-@checker("2.1", "FLOPs and bytes of a vector add")
-@replayable
-def check_vector_add_cost(vector_add_cost, cases):
-    """vector_add_cost(n, dtype) -> (flops, bytes) of c = a + b."""
-    rng = cases.rng
-    inputs = [(1000 + i, d) for i, d in enumerate(_DTYPES_FIXED)] + [(rng.randint(2, 10**8), rng.choice(sorted(B)))
-                                                                    for _ in range(5)]
-    for n, d in inputs:
-        ref, b = rl.vector_add_cost(n, d), B[d]
-        text = f"vector_add_cost({n}, {d!r})"
-        _check_cost(text, _learner(vector_add_cost, text, n, d, reference="vector_add_cost"), ref, dtype=d, mistakes=[
-            ("the bytes miss a stream: c = a + b reads a, reads b and writes c (3 x n x bytes)", None, 2 * n * b),
-            ("the bytes are counted in elements; multiply by the bytes per element", None, 3 * n),
-            ("one add per element is 1 FLOP, not 2 (there is no multiply)", 2 * n, None),
-        ])
-    return f"right for {len(inputs)} sizes and dtypes: n FLOPs, 3n elements moved -> intensity 1/(3 x bytes)"
+def _cost_mistakes(op: str, shape: tuple, dtype: str) -> list[tuple[str, float | None, float | None]]:
+    """The classic wrong (flops, bytes) of each operation, as (message, flops or None, bytes or None)."""
+    b, ref = B[dtype], rl.op_cost(op, shape, dtype)
+    elements = ("the bytes are counted in elements; multiply by the bytes per element", None, ref.bytes / b)
+    if op == "vector_add":
+        (n,) = shape
+        return [("the bytes count two streams; c = a + b reads a, reads b and writes c (3 x n x bytes)", None,
+                 2 * n * b), ("one add per element is 1 FLOP, not 2 (there is no multiply)", 2 * n, None), elements]
+    if op == "gemm":
+        m, n, k = shape
+        return [("that counts multiply-adds; each is 2 FLOPs", m * n * k, None),
+                ("the bytes miss writing C (m x n): a GEMM reads A and B and writes C", None, (m * k + k * n) * b),
+                elements] + [
+            ("one dimension is used twice and another not at all: (m x k) @ (k x n) does m*n*k multiply-adds", f, None)
+            for f in {2 * m * m * k, 2 * m * n * n, 2 * m * k * k, 2 * n * n * k} - {2 * m * n * k}]
+    if op == "softmax":
+        r, c = shape
+        return [("the bytes count the matrix once (the read of x); the output y is written too", None, r * c * b),
+                ("that is a softmax without its reductions: the row max and the row sum are FLOPs too (5 per "
+                 "element: max, subtract, exp, sum, divide)", 3 * r * c, None), elements]
+    if op == "layernorm":
+        r, c = shape
+        return [("the bytes miss the weight and bias vectors (cols elements each)", None, 2 * r * c * b),
+                ("weight and bias are read once per call, not once per row", None, 4 * r * c * b), elements]
+    bsz, h, s, d_ = shape
+    bh = bsz * h
+    return [("those are FlashAttention's bytes (Q, K, V, O only): attention without the s x s traffic; the naive "
+             "version also writes S, reads it, writes P and reads P: 4*s*s more elements", None, bh * 4 * s * d_ * b),
+            ("the bytes count S and P once each; each is written once and read once (4*s*s in all)", None,
+             bh * (4 * s * d_ + 2 * s * s) * b),
+            ("the FLOPs miss the softmax (5*s*s per head)", bh * 4 * s * s * d_, None),
+            ("the two matmuls are 2*s*s*d FLOPs each (a multiply-add is 2 FLOPs)", bh * (2 * s * s * d_ + 5 * s * s),
+             None),
+            ("you computed one (batch, head); multiply by batch x heads", ref.flops / bh if bh > 1 else None,
+             ref.bytes / bh if bh > 1 else None), elements]
 
 
-@checker("2.2", "FLOPs and bytes of a GEMM")
+def _learner(fn, text: str, *args, reference: str = ""):
+    return learner_call(fn, tuple(args), text, [(rl, reference)] if reference else (), expected="a pair (flops, bytes)")
+
+
+@checker("2.1", "FLOPs and bytes of a GEMM")
 @replayable
 def check_gemm_cost(gemm_cost, cases):
     """gemm_cost(m, n, k, dtype) -> (flops, bytes) of (m x k) @ (k x n), each operand moved once."""
@@ -86,53 +120,13 @@ def check_gemm_cost(gemm_cost, cases):
     inputs = [(3, 5, 7, "fp32"), (4096, 2048, 1024, "bf16"), (1, 8192, 4096, "fp8"), (96, 40, 24, "fp64")] + [
         (rng.randint(1, 5000), rng.randint(1, 5000), rng.randint(1, 5000), rng.choice(sorted(B))) for _ in range(5)]
     for m, n, k, d in inputs:
-        ref, b = rl.gemm_cost(m, n, k, d), B[d]
         text = f"gemm_cost({m}, {n}, {k}, {d!r})"
-        _check_cost(text, _learner(gemm_cost, text, m, n, k, d, reference="gemm_cost"), ref, dtype=d, mistakes=[
-            ("that counts multiply-adds; each is 2 FLOPs", m * n * k, None),
-            ("the bytes miss writing C (m x n): a GEMM reads A and B and writes C", None, (m * k + k * n) * b),
-            ("the bytes are counted in elements; multiply by the bytes per element", None, m * k + k * n + m * n),
-        ] + [("one dimension is used twice and another not at all: (m x k) @ (k x n) does m*n*k multiply-adds",
-              f, None) for f in {2 * m * m * k, 2 * m * n * n, 2 * m * k * k, 2 * n * n * k} - {2 * m * n * k}])
+        _check_cost(text, _learner(gemm_cost, text, m, n, k, d, reference="gemm_cost"), rl.gemm_cost(m, n, k, d),
+                    dtype=d, mistakes=_cost_mistakes("gemm", (m, n, k), d))
     return "2*m*n*k FLOPs and (m*k + k*n + m*n) x bytes for every shape, square to matrix-vector"
 
 
-@checker("2.3", "FLOPs and bytes of a row softmax")
-@replayable
-def check_softmax_cost(softmax_cost, cases):
-    """softmax_cost(rows, cols, dtype) -> (flops, bytes): 5 FLOPs per element, read x and write y once."""
-    rng = cases.rng
-    inputs = [(3, 7, "fp32"), (4, 1000, "bf16"), (5, 96, "fp8"), (6, 10, "fp64")] + [
-        (rng.randint(1, 8192), rng.randint(1, 50000), rng.choice(sorted(B))) for _ in range(5)]
-    for r, c, d in inputs:
-        ref, b = rl.softmax_cost(r, c, d), B[d]
-        text = f"softmax_cost({r}, {c}, {d!r})"
-        _check_cost(text, _learner(softmax_cost, text, r, c, d, reference="softmax_cost"), ref, dtype=d, mistakes=[
-            ("the bytes count only the read of x; the output y is written too", None, r * c * b),
-            ("the bytes are counted in elements; multiply by the bytes per element", None, 2 * r * c),
-        ], flops_hint="the convention here: 5 FLOPs per element -- max, subtract, exp, sum, divide")
-    return "5 FLOPs and 2 x bytes per element: a softmax does ~1 FLOP per byte, far below any ridge point"
-
-
-@checker("2.4", "FLOPs and bytes of a LayerNorm")
-@replayable
-def check_layernorm_cost(layernorm_cost, cases):
-    """layernorm_cost(rows, cols, dtype) -> (flops, bytes): 8 FLOPs per element; x, y, weight and bias moved once."""
-    rng = cases.rng
-    inputs = [(3, 7, "fp32"), (8, 4096, "bf16"), (5, 96, "fp8"), (6, 10, "fp64")] + [
-        (rng.randint(1, 8192), rng.randint(1, 16384), rng.choice(sorted(B))) for _ in range(5)]
-    for r, c, d in inputs:
-        ref, b = rl.layernorm_cost(r, c, d), B[d]
-        text = f"layernorm_cost({r}, {c}, {d!r})"
-        _check_cost(text, _learner(layernorm_cost, text, r, c, d, reference="layernorm_cost"), ref, dtype=d, mistakes=[
-            ("the bytes miss the weight and bias vectors (cols elements each)", None, 2 * r * c * b),
-            ("weight and bias are read once per call, not once per row", None, (2 * r * c + 2 * r * c) * b),
-            ("the bytes are counted in elements; multiply by the bytes per element", None, 2 * r * c + 2 * c),
-        ], flops_hint="the convention here: 8 FLOPs per element -- mean 1, variance 3, normalise 2, affine 2")
-    return "8 FLOPs per element; x, y, weight and bias each moved once"
-
-
-@checker("2.5", "FLOPs and bytes of naive attention")
+@checker("2.2", "FLOPs and bytes of naive attention")
 @replayable
 def check_attention_cost(attention_cost, cases):
     """attention_cost(batch, heads, seq, head_dim, dtype) -> (flops, bytes) with S and P stored in main memory."""
@@ -142,52 +136,11 @@ def check_attention_cost(attention_cost, cases):
         (rng.randint(1, 8), rng.randint(1, 32), rng.randint(1, 8192), rng.choice([32, 64, 80, 128]),
          rng.choice(sorted(B))) for _ in range(5)]
     for bsz, h, s, d_, d in inputs:
-        ref, b, bh = rl.attention_cost(bsz, h, s, d_, d), B[d], bsz * h
         text = f"attention_cost({bsz}, {h}, {s}, {d_}, {d!r})"
-        _check_cost(text, _learner(attention_cost, text, bsz, h, s, d_, d, reference="attention_cost"), ref, dtype=d, mistakes=[
-            ("those are FlashAttention's bytes (Q, K, V, O only); the naive version also writes S, reads it, writes "
-             "P and reads P: 4*s*s more elements", None, bh * 4 * s * d_ * b),
-            ("the bytes count S and P once each; each is written once and read once (4*s*s in all)", None,
-             bh * (4 * s * d_ + 2 * s * s) * b),
-            ("the FLOPs miss the softmax (5*s*s per head)", bh * 4 * s * s * d_, None),
-            ("the two matmuls are 2*s*s*d FLOPs each (a multiply-add is 2 FLOPs)", bh * (2 * s * s * d_ + 5 * s * s),
-             None),
-            ("you computed one (batch, head); multiply by batch x heads", ref.flops / bh if bh > 1 else None,
-             ref.bytes / bh if bh > 1 else None),
-        ])
+        _check_cost(text, _learner(attention_cost, text, bsz, h, s, d_, d, reference="attention_cost"),
+                    rl.attention_cost(bsz, h, s, d_, d), dtype=d,
+                    mistakes=_cost_mistakes("attention", (bsz, h, s, d_), d))
     return "4*s*s*d + 5*s*s FLOPs and (4*s*d + 4*s*s) elements per head: the s*s terms make it memory-bound"
-
-
-@checker("2.6", "attainable performance")
-@replayable
-def check_attainable(attainable, cases):
-    """attainable(intensity, peak_flops, bandwidth) -> min(peak, intensity * bandwidth)."""
-    rng = cases.rng
-    inputs = [(0.25, 1e15, 3e12), (1000.0, 1e15, 3e12), (333.3, 1e15, 3e12), (2.0, 5e10, 2e10)]
-    inputs += [(10 ** rng.uniform(-2, 4), 10 ** rng.uniform(10, 16), 10 ** rng.uniform(9, 13)) for _ in range(8)]
-    got = []
-    for x, peak, bw in inputs:
-        text = f"attainable({x:.4g}, {peak:.4g}, {bw:.4g})"
-        got.append(as_number(learner_call(attainable, (x, peak, bw), text, [(rl, "attainable")],
-                                          expected="a FLOP/s number"), text))
-
-    def all_match(rule):
-        return all(math.isclose(g, rule(x, p, b), rel_tol=1e-9) for g, (x, p, b) in zip(got, inputs))
-
-    if all_match(lambda x, p, b: max(p, x * b)):
-        fail("your function returns the larger of the two roofs (max of peak and intensity x bandwidth); a kernel "
-             "gets the *smaller*: min(peak, intensity x bandwidth)")
-    if all_match(lambda x, p, b: x * b):
-        fail("your function returns intensity x bandwidth everywhere, which exceeds the compute peak above the "
-             "ridge: cap it at the peak")
-    if all_match(lambda x, p, b: p):
-        fail("your function returns the peak everywhere; below the ridge the bandwidth limits, so the answer there "
-             "is intensity x bandwidth")
-    if all_match(lambda x, p, b: min(p, x / b)) or all_match(lambda x, p, b: min(p, b / x)):
-        fail("below the ridge the answer is intensity x bandwidth (FLOP/B x B/s = FLOP/s); you divided")
-    for g, (x, peak, bw) in zip(got, inputs):
-        expect_close(g, min(peak, x * bw), f"attainable({x:.4g}, {peak:.4g}, {bw:.4g})", rtol=1e-9, atol=0)
-    return "min(peak, intensity x bandwidth) on both sides of the ridge"
 
 
 def _gpu_dtype_cases(rng):
@@ -196,7 +149,7 @@ def _gpu_dtype_cases(rng):
     return [c for c in fixed if c in pairs] + rng.sample(pairs, 6)
 
 
-@checker("2.7", "ridge point of a GPU from the datasheet")
+@checker("2.3", "ridge point of a GPU from the datasheet")
 @replayable
 def check_ridge(ridge, cases):
     """ridge(gpu_id, dtype) -> dense peak FLOP/s / HBM bytes/s (FLOP per byte), from common.facts.hardware."""
@@ -231,7 +184,125 @@ def _check_one_ridge(ridge, g: str, d: str) -> None:
     expect_close(got, ref, text, rtol=1e-6, atol=0)
 
 
-@checker("2.8", "critical batch of a decode matmul")
+KEYS = ("flops", "bytes", "intensity", "bound", "attainable", "seconds")
+BOUNDS = ("memory-bound", "compute-bound")
+_PREDICTOR_REFS = [(rl, "predict_op"), (rl, "op_cost"), (rl, "attainable"), (rl, "bound")]
+
+
+def _roofs(rng) -> dict:
+    """name -> (peak FLOP/s, bandwidth B/s): the H100's bf16 datasheet roof, a laptop CPU's, and a random one."""
+    return {"H100 bf16": (hardware.peak_tflops("H100-SXM", "bf16") * 1e12, hardware.gpu("H100-SXM").hbm_bandwidth_tbs
+                          * 1e12),
+            "CPU": (3.0e11, 2.5e10),
+            "random": (10 ** rng.uniform(10.5, 15.5), 10 ** rng.uniform(10, 12.5))}
+
+
+def _predictor_cases(rng) -> list[tuple]:
+    """(op, shape, dtype, roof name): every operation, every element size, each side of the ridge."""
+    fixed = [("vector_add", (1_000_003,), "fp32", "CPU"), ("gemm", (512, 384, 256), "fp32", "CPU"),
+             ("gemm", (1, 8192, 4096), "bf16", "H100 bf16"), ("gemm", (4096, 2048, 1024), "bf16", "H100 bf16"),
+             ("softmax", (4096, 1000), "fp8", "H100 bf16"), ("layernorm", (3000, 4096), "fp32", "CPU"),
+             ("attention", (1, 16, 4096, 128), "bf16", "H100 bf16"), ("attention", (2, 4, 256, 64), "fp32", "CPU"),
+             ("softmax", (7, 33), "bf16", "random"), ("layernorm", (5, 96), "fp64", "H100 bf16")]
+    draws = {"vector_add": lambda: (rng.randint(2, 10**8),),
+             "gemm": lambda: (rng.randint(1, 4096), rng.randint(1, 4096), rng.randint(1, 4096)),
+             "softmax": lambda: (rng.randint(1, 8192), rng.randint(2, 50000)),
+             "layernorm": lambda: (rng.randint(1, 8192), rng.randint(2, 16384)),
+             "attention": lambda: (rng.randint(1, 4), rng.randint(1, 32), rng.randint(16, 8192),
+                                   rng.choice([32, 64, 128]))}
+    return fixed + [(op, draws[op](), rng.choice(sorted(B)), rng.choice(["H100 bf16", "CPU", "random"]))
+                    for op in rng.sample(sorted(draws), 4)]
+
+
+def _close(a, b, rtol: float = 1e-9) -> bool:
+    return math.isclose(a, b, rel_tol=rtol)
+
+
+def _name(call: str, got: float, ref: float, what: str, candidates: list[tuple[str, float]], rtol: float = 1e-9):
+    """Fail naming every candidate mistake whose value `got` equals (and the right answer does not); then compare."""
+    named = list(dict.fromkeys(m for m, v in candidates if v is not None and _close(got, v, rtol)
+                               and not _close(v, ref, rtol)))
+    if named:
+        text = named[0] if len(named) == 1 else f"{_several(named)} give this answer -- " + "; or ".join(named)
+        fail(f"{call}: {what} = {readable(got)}: {text} (expected {readable(ref)})")
+    expect_close(got, ref, f"{call}: {what}", rtol=rtol, atol=0)
+
+
+def _check_prediction(predict_op, op: str, shape: tuple, dtype: str, roof: str, peak: float, bw: float) -> str:
+    call = (f"predict_op({op!r}, {shape}, {dtype!r}, peak_flops={peak:.4g}, bandwidth={bw:.4g})"
+            + ("" if roof == "random" else f" [the {roof} roof]"))
+    got = learner_call(predict_op, (op, shape, dtype, peak, bw), call, _PREDICTOR_REFS,
+                       expected=f"a dict with the keys {', '.join(KEYS)}")
+    if not isinstance(got, dict):
+        fail(f"{call} returned {type(got).__name__} {got!r:.60}; return a dict with the keys {', '.join(KEYS)}")
+    missing = [k for k in KEYS if k not in got]
+    if missing:
+        fail(f"{call} returned a dict without {', '.join(repr(k) for k in missing)}; return all of {', '.join(KEYS)}")
+    ref = rl.predict_op(op, shape, dtype, peak, bw)
+    # each stage is judged on the learner's own earlier values, so one mistake is named once, where it is made
+    _check_cost(call, (got["flops"], got["bytes"]), rl.Cost(ref["flops"], ref["bytes"]),
+                _cost_mistakes(op, shape, dtype), dtype=dtype,
+                flops_hint={"softmax": "the convention here: 5 FLOPs per element -- max, subtract, exp, sum, divide",
+                            "layernorm": "the convention here: 8 FLOPs per element -- mean 1, variance 3, normalise "
+                                         "2, affine 2"}.get(op, ""))
+    flops, nbytes, ridge = ref["flops"], ref["bytes"], peak / bw
+    intensity = as_number(got["intensity"], f"{call}['intensity']", "FLOPs per byte (a number)")
+    _name(call, intensity, ref["intensity"], "intensity", [
+        ("intensity inverted: that is bytes per FLOP; intensity is FLOPs per byte, flops / bytes", nbytes / flops)])
+    att = as_number(got["attainable"], f"{call}['attainable']", "FLOP/s (a number)")
+    x = ref["intensity"]
+    _name(call, att, ref["attainable"], "attainable", [
+        ("max where min is due: a kernel gets the lower of the two roofs, min(peak, intensity x bandwidth)",
+         max(peak, x * bw)),
+        ("not capped at the peak: above the ridge intensity x bandwidth exceeds what the ALUs can do; take "
+         "min(peak, intensity x bandwidth)", x * bw),
+        ("the peak, whatever the intensity: below the ridge the bandwidth limits, intensity x bandwidth", peak),
+        ("below the ridge the rate is intensity x bandwidth (FLOP/B x B/s = FLOP/s); you divided", min(peak, x / bw)),
+        ("in TFLOP/s; return FLOP/s, the unit of peak_flops", ref["attainable"] / 1e12),
+        ("in GFLOP/s; return FLOP/s, the unit of peak_flops", ref["attainable"] / 1e9)])
+    bound = got["bound"]
+    if bound not in BOUNDS:
+        fail(f"{call}: bound = {bound!r}; return one of {', '.join(repr(b) for b in BOUNDS)}")
+    if bound != ref["bound"]:
+        if bound == ("memory-bound" if x < bw / peak else "compute-bound"):
+            why = (f"the bound was decided against the wrong ridge, bandwidth / peak = {bw / peak:.3g}; the ridge is "
+                   f"peak / bandwidth = {ridge:.4g} FLOP/B")
+        elif roof != "H100 bf16" and bound == ("memory-bound" if x < 295.373 else "compute-bound"):
+            why = (f"the bound was decided against the H100's bf16 ridge (295 FLOP/B), not this roof's: peak / "
+                   f"bandwidth = {ridge:.4g} FLOP/B")
+        else:
+            why = (f"intensity {x:.4g} is {'below' if x < ridge else 'at or above'} the ridge {ridge:.4g} FLOP/B "
+                   f"(peak / bandwidth), so the kernel is {ref['bound']}: below the ridge memory limits it")
+        fail(f"{call}: bound = {bound!r}: {why}")
+    seconds = as_number(got["seconds"], f"{call}['seconds']", "seconds (a number)")
+    compute, memory = flops / peak, nbytes / bw
+    _name(call, seconds, ref["seconds"], "seconds", [
+        ("min where max is due: the slower of the two limits sets the time, max(flops / peak, bytes / bandwidth) = "
+         "flops / attainable", min(compute, memory)),
+        ("added the compute time and the memory time; the roofline overlaps them, so the slower one sets the time: "
+         "flops / attainable", compute + memory),
+        ("that is milliseconds; return seconds", ref["seconds"] * 1e3),
+        ("that is microseconds; return seconds", ref["seconds"] * 1e6),
+        ("the time at the compute peak alone; below the ridge the bytes set it: flops / attainable", compute),
+        ("the memory time alone; above the ridge the FLOPs set it: flops / attainable", memory),
+        ("bytes divided by a FLOP rate; the time is flops / attainable", nbytes / ref["attainable"])], rtol=1e-6)
+    return ref["bound"]
+
+
+@checker("2.4", "a roofline predictor for any operation")
+@replayable
+def check_roofline_predictor(predict_op, cases):
+    """predict_op(op, shape, dtype, peak_flops, bandwidth) -> {flops, bytes, intensity, bound, attainable, seconds}
+    for vector_add (n,), gemm (m, n, k), softmax and layernorm (rows, cols), attention (batch, heads, seq, head_dim)."""
+    roofs, bounds = _roofs(cases.rng), set()
+    todo = _predictor_cases(cases.rng)
+    for op, shape, dtype, roof in todo:
+        bounds.add(_check_prediction(predict_op, op, shape, dtype, roof, *roofs[roof]))
+    return (f"right for {len(todo)} operations on three roofs (H100 bf16, a CPU, a random one), "
+            f"{' and '.join(sorted(bounds))}: FLOPs, bytes, intensity, bound, attainable rate and time")
+
+
+@checker("2.5", "critical batch of a decode matmul")
 @replayable
 def check_critical_batch(critical_batch, cases):
     """critical_batch(gpu_id, dtype, k, n) -> smallest integer batch whose (batch x k) @ (k x n) intensity reaches

@@ -1,4 +1,5 @@
-"""Checkers for lab 03 (fusion and Triton): bytes of an elementwise chain, a Triton vector add, a fused row softmax.
+"""Checkers for lab 03 (fusion and Triton): a Triton vector add, a fused row softmax, and the lab's build exercise, a
+fused residual add + RMSNorm forward checked against a float64 reference on awkward shapes, strides and dtypes.
 
 The Triton checkers hand the learner's launcher tensors that are views into larger buffers: a guard region after each
 one is filled with a sentinel, so a kernel that reads or writes past the end (a missing mask) neither crashes the
@@ -56,44 +57,6 @@ def _expect_guard_intact(buf, n: int, what: str, hint: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- 3.1
-@checker("3.1", "bytes moved by an elementwise chain, unfused vs fused")
-@replayable
-def check_chain_bytes(chain_bytes, cases):
-    """chain_bytes(n_elements, n_ops, bytes_per_element, fused) -> bytes read + written from/to memory."""
-    from common.kernels import fusion
-    seed, rng = cases.seed, cases.rng
-    # every element size accepted (1, 2, 4, 8 bytes) has a fixed case; asymmetric sizes first
-    cases_ = [(1000, 3, 4, False), (1000, 3, 4, True), (1, 1, 2, False), (777, 5, 1, False), (513, 2, 8, True),
-              (300, 4, 2, False)] + [
-        (rng.randint(2, 10**8), rng.randint(2, 12), rng.choice([1, 2, 4, 8]), rng.random() < 0.5) for _ in range(4)]
-    for n, ops, b, fused in cases_:
-        expected = 2 * n * b * (1 if fused else ops)
-        where = f"chain_bytes({n}, n_ops={ops}, bytes_per_element={b}, fused={fused}) (seed {seed})"
-        got = learner_call(chain_bytes, (n, ops, b, fused), where, (fusion.chain_bytes,))
-        expect(got is not None, f"{where} returned None -- return the number of bytes")
-        if got != expected:
-            if b == 2 and got == expected // 2:  # elements and "reads only" give one number at 2 bytes: name both
-                fail(f"{where} = {got}: half the bytes -- either elements instead of bytes (multiply by "
-                     f"bytes_per_element) or only the reads (or only the writes) of each pass")
-            if got == expected // 2:
-                fail(f"{where} = {got}: that counts only the reads (or only the writes); every pass reads its input "
-                     f"and writes its output, {expected} bytes")
-            if fused and ops > 1 and got == 2 * n * b * ops:
-                fail(f"{where} = {got}: that is the unfused count. Fused, the intermediates stay in registers: the "
-                     f"input is read once and the output written once ({expected} bytes), whatever n_ops is")
-            if not fused and ops > 1 and got == 2 * n * b:
-                fail(f"{where} = {got}: that is the fused count. Unfused, each of the {ops} ops is its own kernel "
-                     f"that reads its input from memory and writes its output back ({expected} bytes)")
-            if not fused and got == (ops + 1) * n * b:
-                fail(f"{where} = {got}: you counted one read and {ops} writes; each op also reads the previous op's "
-                     f"output back from memory ({expected} bytes)")
-            if got == expected // b:
-                fail(f"{where} = {got}: that counts elements, not bytes (multiply by bytes_per_element)")
-        expect_equal(got, expected, where)
-    return f"right for {len(cases_)} chains: 2*n*b per pass, n_ops passes unfused, one pass fused"
-
-
-# ---------------------------------------------------------------------------------------------------- 3.2
 def _add_cases(rng):
     """(n, block_size): single elements, sizes just around a block, several blocks with a ragged tail."""
     cases_ = [(1, 128), (128, 128), (129, 128), (1000, 256), (rng.randint(2, 20) * 256 + rng.randint(1, 255), 256),
@@ -101,7 +64,7 @@ def _add_cases(rng):
     return cases_
 
 
-@checker("3.2", "Triton vector add (mask, block size, grid)",
+@checker("3.1", "Triton vector add (mask, block size, grid)",
          in_kernel="it watches the Triton launches and reads the kernel's source")
 @replayable
 def check_vector_add(vector_add, cases):
@@ -156,7 +119,7 @@ def check_vector_add(vector_add, cases):
             f"block; nothing written past the end")
 
 
-# ---------------------------------------------------------------------------------------------------- 3.3
+# ---------------------------------------------------------------------------------------------------- 3.2
 def _softmax_cases(rng):
     """(rows, cols, scale, offset, strided): shapes around powers of two, one with large values, one strided."""
     return [(1, 1, 1.0, 0.0, False), (3, 7, 1.0, 0.0, False),
@@ -193,7 +156,7 @@ def _softmax_diagnosis(got, x0, where):
              f"and does each program read its own row (row * row_stride)?")
 
 
-@checker("3.3", "fused softmax over rows in Triton", in_kernel="it watches the Triton launches")
+@checker("3.2", "fused softmax over rows in Triton", in_kernel="it watches the Triton launches")
 @replayable
 def check_softmax(softmax, cases):
     """softmax(x, out) -> out = softmax of each row of the 2-D float32 x (one program per row, one read, one write)."""
@@ -242,3 +205,153 @@ def check_softmax(softmax, cases):
                      "(torch.softmax or a PyTorch expression is not it): launch softmax_kernel[grid](...)")
     return (f"matches torch.softmax over rows for {len(cases_)} shapes (columns not a power of two, large values, a "
             f"strided view)")
+
+
+# ---------------------------------------------------------------------------------------------------- 3.3
+def _rows_buffer(rows: int, cols: int, pad: int, dtype, device, fill: float):
+    """A (rows, cols) view whose rows are `cols + pad` apart in a buffer filled with `fill`, with GUARD elements after
+    the last row; returns (view, buffer, mask of the buffer's elements that belong to the view)."""
+    import torch
+    width = cols + pad
+    buf = torch.full((rows * width + GUARD,), fill, dtype=dtype, device=device)
+    view = buf[:rows * width].view(rows, width)[:, :cols]
+    inside = torch.zeros(buf.numel(), dtype=torch.bool, device=device)
+    inside[:rows * width].view(rows, width)[:, :cols] = True
+    return view, buf, inside
+
+
+def _rmsnorm_cases(rng):
+    """(rows, cols, dtype, strided, scale, eps): float32 first (a dtype mistake then shows as 'right in float32'),
+    hidden sizes that are not powers of two, a case of tiny values where eps matters, strided rows."""
+    import torch
+    f32, bf16 = torch.float32, torch.bfloat16
+    return [(3, 7, f32, False, 1.0, 1e-6), (4, 96, f32, False, 1e-3, 1e-5),
+            (3, rng.randint(129, 500), f32, True, 1.0, 1e-6), (4, rng.randint(257, 700), bf16, False, 1.0, 1e-6),
+            (3, rng.randint(65, 300), bf16, True, 1.0, 1e-5),
+            (rng.randint(2, 4), rng.randint(33, 1000), rng.choice([f32, bf16]), rng.random() < 0.5, 1.0, 1e-6)]
+
+
+def _rmsnorm_mistakes(x, r, w, eps: float, block: int) -> list[tuple[str, object]]:
+    """(what the learner did, the output it gives) for the classic mistakes, in float64."""
+    h = x + r
+    ms = (h * h).mean(-1, keepdim=True)
+    total = (h * h).sum(-1, keepdim=True)
+    return [
+        ("the row's mean, not the mean of its squares: RMSNorm divides by sqrt(mean(h * h) + eps)",
+         h / (h.mean(-1, keepdim=True) + eps).sqrt() * w),
+        ("that is LayerNorm: RMSNorm does not subtract the row mean",
+         (h - h.mean(-1, keepdim=True)) / (h.var(-1, unbiased=False, keepdim=True) + eps).sqrt() * w),
+        ("the sum of squares was divided by BLOCK_SIZE (the padded width), not by n_cols: the masked lanes are not "
+         "columns", h / (total / block + eps).sqrt() * w),
+        ("the sum of squares, not their mean: divide the sum by n_cols", h / (total + eps).sqrt() * w),
+        ("eps outside the sqrt: the norm is sqrt(mean(h * h) + eps), not sqrt(mean(h * h)) + eps",
+         h / (ms.sqrt() + eps) * w),
+        ("no eps: sqrt(mean(h * h) + eps) keeps a row of tiny values from blowing up", h / ms.sqrt() * w),
+        ("forgot the weight: multiply column j by weight[j]", h / (ms + eps).sqrt()),
+        ("the residual was not added before the norm: normalise h = x + residual, not x",
+         x / ((x * x).mean(-1, keepdim=True) + eps).sqrt() * w),
+        ("multiplied by sqrt(mean(h * h) + eps); divide by it (or multiply by its rsqrt)", h * (ms + eps).sqrt() * w),
+    ]
+
+
+def _close(got, want, rtol: float, atol: float) -> bool:
+    import torch
+    return bool(torch.allclose(got.double(), want, rtol=rtol, atol=atol, equal_nan=True))
+
+
+def _expect_masked(kernels: dict, why: str) -> None:
+    for kernel in kernels.values():
+        unmasked = unmasked_accesses(kernel)
+        if unmasked:
+            fail(f"{getattr(kernel, '__name__', 'the kernel')} has a load or store without a mask ({unmasked[0]}): "
+                 f"{why} -- pass `mask=cols < n_cols` to every tl.load and tl.store (and `other=0.0` to the loads)")
+
+
+@checker("3.3", "fused residual add + RMSNorm in Triton", in_kernel="it watches the Triton launches and reads the "
+                                                                    "kernel's source")
+@replayable
+def check_add_rmsnorm(add_rmsnorm, cases):
+    """add_rmsnorm(x, residual, weight, out, eps) -> out: residual += x in place, out = RMSNorm(residual) * weight,
+    one Triton program per row, for float32 and bf16 rows of any hidden size and row stride."""
+    import torch
+
+    from common.core.env import current
+    from common.kernels import rmsnorm
+    device = current().device
+    seed, rng, gen = cases.seed, cases.rng, cases.gen
+    todo = _rmsnorm_cases(rng)
+    right = {"float32": False, "contiguous": False}
+    kernels = {}
+    for rows, cols, dtype, strided, scale, eps in todo:
+        draw = [torch.randn(rows, cols, generator=gen, dtype=torch.float64) * scale for _ in range(2)]
+        w0 = (1.0 + 0.5 * torch.randn(cols, generator=gen, dtype=torch.float64)).to(dtype).to(device)
+        x0, r0 = (t.to(dtype).to(device) for t in draw)
+        pads = (64, 32, 16) if strided else (0, 0, 0)
+        x, _, _ = _rows_buffer(rows, cols, pads[0], dtype, device, float("nan"))
+        res, res_buf, res_in = _rows_buffer(rows, cols, pads[1], dtype, device, SENTINEL)
+        out, out_buf, out_in = _rows_buffer(rows, cols, pads[2], dtype, device, SENTINEL)
+        weight, _ = _guarded(w0, fill=float("nan"))
+        x.copy_(x0)
+        res.copy_(r0)
+        name = {torch.float32: "float32", torch.bfloat16: "bf16"}[dtype]
+        where = (f"add_rmsnorm on {rows} x {cols} {name} rows" + (" (strided: row strides "
+                 f"{x.stride(0)}, {res.stride(0)}, {out.stride(0)})" if strided else "")
+                 + (f", values around {scale:g}" if scale != 1 else "") + f", eps={eps:g} (seed {seed})")
+        with record_launches() as launches:
+            ret = _launch(add_rmsnorm, (x, res, weight, out), where, (rmsnorm.add_rmsnorm,), eps=eps)
+        got = out if ret is None else ret
+        expect(isinstance(got, torch.Tensor), f"{where} returned {type(got).__name__}, expected the tensor out")
+        kernels.update((id(lc["kernel"]), lc["kernel"]) for lc in launches)
+        grids = [lc["grid"] for lc in launches if lc["grid"] is not None]
+        if grids and grids[-1][0] != rows:
+            fail(f"{where}: launched a grid of {grids[-1]} programs for {rows} rows -- one program per row, grid = "
+                 f"(n_rows,): the mean of squares needs the whole row in one program")
+        expect(torch.equal(x, x0) and torch.equal(weight, w0), f"{where}: x or weight was modified -- write only "
+                                                               f"residual and out")
+        fill = torch.tensor(SENTINEL, dtype=dtype, device=device)
+        for buf, inside, what in ((out_buf, out_in, "out"), (res_buf, res_in, "residual")):
+            stray = ((buf != fill) & ~inside).nonzero().flatten()
+            if stray.numel() and strided and right["contiguous"]:  # masks were right on contiguous rows
+                fail(f"{where}: the kernel wrote {stray.numel()} element(s) of {what} between the rows: right on "
+                     f"contiguous rows, wrong on strided ones -- step between rows with each tensor's own row stride "
+                     f"(x.stride(0), residual.stride(0), out.stride(0)), not with n_cols")
+            if stray.numel():
+                fail(f"{where}: the kernel wrote {stray.numel()} element(s) of {what} outside its rows (past a row's "
+                     f"last column or past the tensor): mask every store with `cols < n_cols`")
+        if bool((got == fill).any()):
+            r = int((got == fill).nonzero()[0][0])
+            fail(f"{where}: row {r} of out was never written: launch one program per row, grid = (n_rows,), and "
+                 f"store the normalised row into out")
+        y_ref, h_ref = rmsnorm.reference(x0, r0, w0, eps)
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+        if torch.equal(res, r0):
+            fail(f"{where}: residual still holds its old values: store h = x + residual back into residual (the "
+                 f"next layer reads the updated residual stream)")
+        if _close(res, y_ref, **tol) and not _close(res, h_ref, **tol):
+            fail(f"{where}: residual holds the normalised output: store h = x + residual into residual and the "
+                 f"normalised rows into out")
+        if not _close(got, y_ref, **tol):
+            named = [m for m, y in _rmsnorm_mistakes(x0.double(), r0.double(), w0.double(), eps,
+                                                     1 << (cols - 1).bit_length())
+                     if _close(got, y, **tol) and not torch.allclose(y, y_ref, **tol)]
+            if named:
+                fail(f"{where}: {named[0]}" + (f" (or: {named[1]})" if len(named) > 1 else ""))
+            if dtype == torch.bfloat16 and right["float32"]:
+                fail(f"{where}: right in float32, wrong in bf16: convert the loaded rows to float32 "
+                     f"(`.to(tl.float32)`) and accumulate the sum of squares, the rsqrt and the scaling in float32; "
+                     f"the store casts back to bf16")
+            _expect_masked(kernels, "the block is wider than the row, so the lanes past n_cols read the next row or "
+                                    "past the tensor and enter the sum of squares")
+            if strided and right["contiguous"]:
+                fail(f"{where}: right on contiguous rows, wrong on strided ones: step between rows with each "
+                     f"tensor's own row stride (x.stride(0), residual.stride(0), out.stride(0)), not with n_cols")
+        expect_close(res, h_ref, f"{where}: residual after the call (x + residual)", **tol)
+        expect_close(got, y_ref, f"{where}: out", **tol)
+        right["float32"] = right["float32"] or dtype == torch.float32
+        right["contiguous"] = right["contiguous"] or not strided
+    expect(kernels, "the values are right, but no Triton kernel was launched -- the exercise is the kernel: launch "
+                    "add_rmsnorm_kernel[grid](...) instead of computing it in PyTorch")
+    _expect_masked(kernels, "the values are right, but the block is wider than the row: the lanes past n_cols read "
+                            "the next row or past the tensor, on a GPU another tensor's memory or a fault")
+    return (f"right for {len(todo)} cases against float64 (float32 and bf16, hidden sizes that are not powers of two, "
+            f"strided rows, tiny values where eps matters): residual updated in place, out normalised and weighted")

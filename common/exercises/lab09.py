@@ -1,8 +1,9 @@
 """Checkers for lab 09 (GB200 NVL72 topology): rack aggregates, dense vs sparse FLOPs, memory per GPU of a
-parallelism layout, all-to-all time inside vs across the NVLink domain."""
+parallelism layout, all-to-all time inside vs across the NVLink domain, and the build exercise: placing a job's ranks
+on GPU ids (common.systems.cluster.placement is its reference and its traffic model)."""
 from __future__ import annotations
 
-from common.core.checks import checker, expect, expect_close, near
+from common.core.checks import checker, expect, expect_close, fail, near
 from common.exercises.cases import as_number, learner_call, replayable
 from common.systems.cluster import topology
 
@@ -144,3 +145,113 @@ def check_all_to_all_seconds(all_to_all_seconds, cases):
                           f"(count group - 1 peers, not group)")
         expect_close(got, expected, where, rtol=1e-6, atol=0.0)
     return "max(NVLink share / NVLink bandwidth, network share / network bandwidth)"
+
+
+# ---------------------------------------------------------------- 9.5, the build exercise: placing the job's ranks
+
+def _place_cases(rng) -> list[tuple[str, object, topology.Layout, int]]:
+    """(what, model, layout, domain): DeepSeek-V3 and a dense model on NVL72 racks and 8-GPU nodes, then random
+    layouts on domains that are not multiples of the groups."""
+    v3 = topology.model_sketch("deepseek_v3")
+    dense = topology.dense_sketch("dense 400B (illustrative)", 400e9, 128, 16384)
+    L = topology.Layout
+    out = [("DeepSeek-V3's PP16 x EP64 x DP128 on NVL72 racks", v3, L(tp=1, pp=16, dp=128, ep=64), 72),
+           ("DeepSeek-V3's PP16 x EP64 x DP128 on 8-GPU H800 nodes", v3, L(tp=1, pp=16, dp=128, ep=64), 8),
+           ("DeepSeek-V3 with TP8 x EP8 on 8-GPU nodes", v3, L(tp=8, pp=16, dp=16, ep=8), 8),
+           ("DeepSeek-V3 with TP2 x EP4 on 8-GPU nodes", v3, L(tp=2, pp=4, dp=16, ep=4), 8),
+           ("a dense 400B model, TP8 x PP8 x DP32, on NVL72 racks", dense, L(tp=8, pp=8, dp=32), 72),
+           ("a dense 400B model, TP16 x PP4 x DP32, on NVL72 racks", dense, L(tp=16, pp=4, dp=32), 72)]
+    for _ in range(3):
+        tp, ep = rng.choice([1, 2, 4]), rng.choice([1, 2, 4, 8])
+        out.append(("a random layout [random case, seed {seed}]", v3,
+                    L(tp=tp, pp=rng.choice([1, 2, 3, 4]), dp=ep * rng.randint(1, 4), ep=ep),
+                    rng.choice([4, 6, 8, 12, 16, 36, 72])))
+    return out
+
+
+def _tokens_per_step() -> float:
+    from common.systems.cluster import scaling
+    return scaling.claim("deepseek_v3", "sequence_length") * scaling.claim("deepseek_v3", "batch_sequences")
+
+
+def _split_group(kind, got, best, lay, domain) -> str:
+    """Words for the first group of `kind` that the learner's placement spreads over more domains than the best."""
+    from common.systems.cluster import placement
+    ids = placement.check_placement(got, lay)
+    for (name, doms), (_, doms_best), (_, idx) in zip(placement.spans(got, lay, domain, kind),
+                                                      placement.spans(best, lay, domain, kind),
+                                                      placement.groups(lay, kind)):
+        if len(doms) <= len(doms_best):
+            continue
+        gpus = sorted(int(g) for g in ids[idx])
+        size = len(gpus)
+        where = f"GPUs {gpus[0]}-{gpus[-1]}" if gpus == list(range(gpus[0], gpus[-1] + 1)) else \
+            f"GPUs {', '.join(map(str, gpus[:8]))}{', ...' if size > 8 else ''}"
+        if kind == "tp":
+            what = f"the TP group of stage {name[0]}, DP rank {name[1]}"
+        elif kind == "ep":
+            what = (f"the EP group of stage {name[0]}, DP ranks {name[1] * lay.ep}-{(name[1] + 1) * lay.ep - 1}"
+                    + (f", tensor rank {name[2]}" if lay.tp > 1 else ""))
+        elif kind == "dp":
+            what = f"the DP group of stage {name[0]}, tensor rank {name[1]}"
+        else:
+            what = f"the pipeline of DP rank {name[0]}, tensor rank {name[1]}"
+        listed = ", ".join(map(str, doms[:6])) + (f", ... ({len(doms)} domains)" if len(doms) > 6 else "")
+        side_by_side = gpus == list(range(gpus[0], gpus[-1] + 1))
+        if kind in ("tp", "ep") and size <= domain:
+            head = f"{what} ({where}) spans domains {listed}, though its {size} GPUs fit in one {domain}-GPU domain"
+            block = lay.tp * lay.ep
+            apart = f"its members sit {gpus[1] - gpus[0]} GPUs apart" if size > 1 else ""
+            if kind == "tp" and not side_by_side:
+                return (f"{head}: {apart}, so another index varies faster than t; the tensor ranks of one (p, d) must "
+                        f"be neighbours (t varies fastest)")
+            if kind == "ep" and not side_by_side:
+                return (f"{head}: {apart}, so another index (the stage p, or the group's position) varies faster than "
+                        f"the group's DP ranks; an EP group is ep consecutive DP ranks (d // ep), placed side by side "
+                        f"(t fastest, then d, then p)")
+            unit = block if kind == "ep" else lay.tp
+            return (f"{head}: start each {'TP x EP block' if kind == 'ep' else 'TP group'} of {unit} GPUs at a domain "
+                    f"boundary and leave the domain's last {domain % unit} GPUs idle")
+        return (f"{what} ({where}) spans {len(doms)} domains where {len(doms_best)} suffice: keep the order t, then "
+                f"d, then p, with whole groups per domain")
+    return ""
+
+
+@checker("9.5", "placing a job's ranks on GPU ids")
+@replayable
+def check_place(place, cases):
+    """place(tp, ep, pp, dp, domain) -> gpu[p][d][t], GPU ids (domain g // domain); judged by the bytes per step it
+    sends between domains (common.systems.cluster.placement) against the reference placement's."""
+    from common.systems.cluster import placement
+    tokens = _tokens_per_step()
+    named = _place_cases(cases.rng)
+    saved = []
+    for what, model, lay, domain in named:
+        what = what.format(seed=cases.seed)
+        call = f"place(tp={lay.tp}, ep={lay.ep}, pp={lay.pp}, dp={lay.dp}, domain={domain}) for {what}"
+        got = learner_call(place, (lay.tp, lay.ep, lay.pp, lay.dp, domain), call, (placement.place,),
+                           expected="gpu[p][d][t], an array of GPU ids of shape (pp, dp, tp)")
+        if got is None:
+            fail(f"{call} returned None -- return gpu[p][d][t], an array of GPU ids of shape (pp, dp, tp)")
+        try:
+            ids = placement.check_placement(got, lay)
+        except ValueError as exc:
+            fail(f"{call}: {exc}")
+        best = placement.place(lay.tp, lay.ep, lay.pp, lay.dp, domain)
+        vol = placement.volumes(model, lay, tokens)
+        mine, ref = placement.crossing_bytes(ids, lay, domain, vol), placement.crossing_bytes(best, lay, domain, vol)
+        used, needed = placement.domains_used(ids, domain), placement.domains_used(best, domain)
+        expect(used <= needed, f"{call}: your placement spreads the job over {used} domains of {domain} GPUs; "
+                               f"{needed} hold it ({mine['total'] / 1e12:,.2f} TB per step between them, the best "
+                               f"{ref['total'] / 1e12:,.2f}): fill a domain with as many whole TP x EP blocks as fit "
+                               f"before starting the next")
+        if mine["total"] > ref["total"] * (1 + 1e-9) + 1e-3:
+            worse = [k for k in placement.KINDS if mine[k] > ref[k] * (1 + 1e-9) + 1e-3]
+            detail = _split_group(worse[0], ids, best, lay, domain) if worse else ""
+            kinds = ", ".join(f"{k.upper()} {mine[k] / 1e12:,.2f} vs {ref[k] / 1e12:,.2f}" for k in worse)
+            fail(f"{call}: {mine['total'] / 1e12:,.2f} TB per step cross between domains, the best placement sends "
+                 f"{ref['total'] / 1e12:,.2f} TB ({kinds})" + (f"; {detail}" if detail else ""))
+        saved.append((what, ref["total"], used))
+    v3_racks = saved[0][2]
+    return (f"right for {len(named)} layouts: no group that fits in a domain is split, as little as the best sends "
+            f"between domains (DeepSeek-V3 on NVL72 racks: {v3_racks} racks, {saved[0][1] / 1e12:,.1f} TB per step)")

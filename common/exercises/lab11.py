@@ -1,12 +1,22 @@
-"""Checkers for lab 11 (beyond the GPU): KV-cache sizing, paged allocation, GPU sharing, checkpoint write time."""
+"""Checkers for lab 11 (beyond the GPU): KV-cache sizing, paged allocation, GPU sharing, the I/O path of a checkpoint
+(a durable write, and the build exercise: an asynchronous checkpoint writer) and checkpoint time at scale."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import math
+import os
+import stat
+import threading
+import time
+
+import torch
 
 from common.core.checks import checker, expect, fail
 from common.exercises.cases import as_number, expect_number, fresh_cases, learner_call
 from common.systems import storage
 from common.systems.host import sharing
+from common.systems.storage import writer
 from common.systems.inference import kvcache
 
 BYTES_PER_VALUE = (1, 2, 4)  # FP8/INT8, BF16/FP16, FP32: each gets a fixed case
@@ -144,7 +154,7 @@ def _number(fn, name: str, args: tuple, reference, what: str) -> float:
     return as_number(learner_call(fn, args, text, (reference,)), text, what)
 
 
-@checker("11.5", "checkpoint seconds from size, ranks and bandwidth")
+@checker("11.7", "checkpoint seconds from size, ranks and bandwidth")
 def check_checkpoint_seconds(fn):
     """fn(checkpoint_gb, ranks, nic_gbps, storage_gbs) -> seconds to write the checkpoint: each rank writes its share
     through its own NIC (Gbps: bits), all of them into storage of storage_gbs GB/s (bytes) in all."""
@@ -180,3 +190,248 @@ def check_checkpoint_seconds(fn):
                 fail(f"{where}: got {got:.10g} s: {' -- or '.join(dict.fromkeys(named))}")
             expect_number(got, expected, f"seconds for {where}", rtol=1e-9)
     return "max(checkpoint / ranks / (NIC / 8), checkpoint / storage): parallel writers, shared storage"
+
+
+# ---------------------------------------------------------------- 11.5 and 11.6: the I/O path of a checkpoint
+
+@contextlib.contextmanager
+def _watch_os(events: list):
+    """Record the learner's os.fsync / os.fdatasync (what was synced: inode, directory or not, its size then) and
+    os.replace / os.rename (source, destination) in `events`, in order, while the block runs."""
+    real = {name: getattr(os, name) for name in ("fsync", "fdatasync", "replace", "rename") if hasattr(os, name)}
+
+    def synced(name):
+        def fsync(fd):
+            st = os.fstat(fd)
+            events.append(("fsync", st.st_ino, stat.S_ISDIR(st.st_mode), st.st_size))
+            return real[name](fd)
+        return fsync
+
+    def renamed(name):
+        def rename(src, dst, *a, **k):
+            result = real[name](src, dst, *a, **k)
+            events.append(("rename", os.path.abspath(src), os.path.abspath(dst)))
+            return result
+        return rename
+    for name in real:
+        setattr(os, name, synced(name) if "sync" in name else renamed(name))
+    try:
+        yield events
+    finally:
+        for name, fn in real.items():
+            setattr(os, name, fn)
+
+
+def _open_fds() -> int | None:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+
+
+def _durable_verdict(events, data: bytes, path: str, before: set) -> str:
+    """What is wrong with the write whose os calls are `events`, or ""."""
+    directory = os.path.dirname(path)
+    if not os.path.isfile(path):
+        return f"no file at {path} afterwards"
+    got = open(path, "rb").read()
+    if got != data:
+        return f"{path} holds {len(got):,} bytes that are not the {len(data):,} bytes given"
+    left = sorted(set(os.listdir(directory)) - before - {os.path.basename(path)})
+    if left:
+        return f"left behind in the directory: {', '.join(left)} (rename the temporary file onto path, or remove it)"
+    ino, dir_ino = os.stat(path).st_ino, os.stat(directory).st_ino
+    renames = [i for i, e in enumerate(events) if e[0] == "rename" and e[2] == path]
+    if not renames:
+        return ("path was written in place (nothing renamed onto it): a crash in the middle leaves half a checkpoint "
+                "where the last good one was; write a temporary file in the same directory, then os.replace it onto "
+                "path")
+    r = renames[-1]
+    if os.path.dirname(events[r][1]) != directory:
+        return (f"the temporary file {events[r][1]} is not in path's directory: os.replace is atomic only within one "
+                f"file system (and /tmp is often another one); create it beside path")
+    file_syncs = [(i, e) for i, e in enumerate(events) if e[0] == "fsync" and not e[2] and e[1] == ino]
+    if not file_syncs:
+        return ("the bytes were never fsynced: until os.fsync returns they may be only in the page cache, and a crash "
+                "loses them; flush, then os.fsync(f.fileno()) before the rename")
+    if all(i > r for i, _ in file_syncs):
+        return ("the file was fsynced after the rename: a crash between the two leaves a renamed file whose bytes "
+                "never reached the disk; fsync the temporary file before os.replace")
+    size = max(e[3] for i, e in file_syncs if i < r)
+    if size < len(data):
+        return (f"the file held {size:,} of the {len(data):,} bytes when you fsynced it: Python still had the rest in "
+                f"its buffer; call f.flush() before os.fsync(f.fileno())")
+    dir_syncs = [i for i, e in enumerate(events) if e[0] == "fsync" and e[2] and e[1] == dir_ino]
+    if not dir_syncs:
+        return ("the directory was never fsynced: the rename is an entry in the directory, durable only once the "
+                "directory is (os.open(directory, os.O_RDONLY), os.fsync, os.close)")
+    if all(i < r for i in dir_syncs):
+        return "the directory was fsynced before the rename; the rename is the directory's change: fsync it after"
+    return ""
+
+
+@checker("11.5", "a durable write", in_kernel="it watches the learner's os.fsync and os.replace calls on real files")
+def check_write_durably(write_durably):
+    """write_durably(data, path): afterwards path holds data and survives a crash -- written to a temporary file in
+    the same directory, flushed and fsynced, renamed onto path, the directory fsynced; nothing left behind."""
+    cases = [("a 100-byte file (it fits in Python's write buffer)", b"checkpoint" * 10),
+             ("3 MiB of checkpoint bytes, over an older checkpoint", bytes(range(256)) * (3 * storage.MIB // 256)),
+             ("an empty file", b"")]
+    with storage.scratch_dir(64 * storage.MIB) as scratch:
+        for i, (what, data) in enumerate(cases):
+            directory = scratch.path / f"case{i}"
+            directory.mkdir()
+            path = str(directory / "checkpoint.pt")
+            if i == 1:
+                with open(path, "wb") as f:
+                    f.write(b"the previous checkpoint")
+            before, fds, events = set(os.listdir(directory)), _open_fds(), []
+            call = f"write_durably(data, path) for {what}"
+            with _watch_os(events):
+                learner_call(write_durably, (data, path), call, (storage.write_durably,))
+            wrong = _durable_verdict(events, data, path, before)
+            if wrong:
+                fail(f"{call}: {wrong}")
+            if fds is not None and _open_fds() > fds:
+                fail(f"{call}: {_open_fds() - fds} file descriptor(s) left open: close the file and the directory")
+    return "write, flush, fsync, os.replace onto path, fsync the directory: atomic and durable, nothing left behind"
+
+
+class _Writes:
+    """The write(state, path) a checker hands the learner's checkpointer: it records each write (its order, the
+    values it received, how many ran at once), holds the writes of `held` paths until released, and fails the
+    writes of `failing` paths with a full disk."""
+
+    def __init__(self, held=(), failing=()):
+        self.lock = threading.Lock()
+        self.gates = {p: threading.Event() for p in held}
+        self.failing = set(failing)
+        self.active = self.max_active = 0
+        self.started, self.completed, self.got = [], [], {}
+
+    def __call__(self, state, path):
+        with self.lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+            self.started.append(path)
+        try:
+            if path in self.gates:
+                self.gates[path].wait(10)
+            if path in self.failing:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.got[path] = {k: (v, v.detach().clone()) for k, v in state.items()}
+            time.sleep(0.005)
+        finally:
+            with self.lock:
+                self.active -= 1
+                self.completed.append(path)
+
+    def release(self):
+        for gate in self.gates.values():
+            gate.set()
+
+
+PATIENCE_S = 3.0  # how long a checker waits for a save() or wait() of the learner's writer on its tiny writes
+
+
+def _within(seconds: float, fn, *args):
+    """fn(*args) in a helper thread: (returned in time, its result or exception)."""
+    box = {}
+
+    def run():
+        try:
+            box["result"] = fn(*args)
+        except BaseException as exc:  # handed back to the checker
+            box["error"] = exc
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    return (not t.is_alive()), box
+
+
+def _method(ck, name: str, *args):
+    fn = getattr(ck, name, None)
+    if not callable(fn):
+        fail(f"your AsyncCheckpointer has no {name}() method: it needs save(state, path), wait() and close()")
+    return fn
+
+
+@checker("11.6", "an asynchronous checkpoint writer",
+         in_kernel="it runs the learner's writer thread against writes it controls and times")
+def check_async_checkpointer(AsyncCheckpointer):
+    """AsyncCheckpointer(write) with save(state, path) (stage, queue, return), wait() (every save durable, a write's
+    error re-raised) and close(): one background thread writes the saves in order."""
+    if isinstance(AsyncCheckpointer, type) and issubclass(AsyncCheckpointer, storage.AsyncCheckpointer):
+        fail("your class inherits storage.AsyncCheckpointer, the reference this exercise asks you to write")
+    threads_before = set(threading.enumerate())
+    writes = _Writes(held=("a",), failing=("bad",))
+    ck = learner_call(AsyncCheckpointer, (writes,), "AsyncCheckpointer(write)", ((writer, "AsyncCheckpointer"),))
+    x = torch.zeros(8)
+    done, box = _within(PATIENCE_S, _method(ck, "save"), {"x": x}, "a")
+    if not done:
+        writes.release()
+        fail("save(state, 'a') did not return while its write was still running: it writes in the caller's thread, "
+             "as the blocking save does; hand the write to a background thread and return once the state is staged")
+    if "error" in box:
+        raise box["error"]
+    x += 1  # the next training step changes the tensor in place while 'a' is still being written
+    _method(ck, "save")({"x": x}, "b")
+    time.sleep(0.05)
+    if writes.max_active > 1:
+        writes.release()
+        fail("two writes ran at the same time ('a' was still being written when 'b' began): one thread per save "
+             "races, and a later save can finish first; use ONE writer thread that takes the saves from a queue")
+    writes.release()
+    done, box = _within(PATIENCE_S, _method(ck, "wait"))
+    expect(done, "wait() did not return after both writes finished (did the writer thread stop, or wait on "
+                 "something that never comes?)")
+    if "error" in box:
+        raise box["error"]
+    expect(writes.completed[:2] == ["a", "b"], f"after wait() the writes done were {writes.completed}: wait() must "
+                                               f"return only once every save so far is written, in order")
+    tensor, values = writes.got["a"]["x"]
+    expect(tensor is not x and values.tolist() == [0.0] * 8,
+           "the checkpoint 'a' holds values changed after save() returned: copy (stage) every tensor in save() -- "
+           "the training step may change them in place as soon as save() returns")
+    _method(ck, "save")({"x": x}, "bad")
+    done, box = _within(PATIENCE_S, _method(ck, "wait"))
+    expect(done, "wait() did not return after a write failed: the writer thread must go on (and mark the save done) "
+                 "when a write raises")
+    expect("error" in box, "the write of 'bad' raised OSError (No space left on device) in the writer thread, and "
+                           "wait() returned as if it had been saved: keep the error and re-raise it from wait()")
+    _method(ck, "save")({"x": x}, "c")
+    done, box = _within(PATIENCE_S, _method(ck, "wait"))
+    expect(not (done and "c" in writes.got and "error" in box),
+           "wait() raised the old error again after the next save was written: re-raise each error once (take it "
+           "out of the list as you raise it)")
+    expect(done and "c" in writes.got and "error" not in box,
+           "the save after a failed write was not written: the writer thread must survive a write's error and go on "
+           "with the next save")
+    done, box = _within(PATIENCE_S, _method(ck, "close"))
+    expect(done, f"close() did not return within {PATIENCE_S:g} s")
+    time.sleep(0.05)
+    alive = [t for t in set(threading.enumerate()) - threads_before if t.is_alive()]
+    expect(not alive, f"close() left the writer thread running ({alive[0].name if alive else ''}): tell it to stop "
+                      f"(a None in the queue) and join it")
+    _real_file_round_trip(AsyncCheckpointer)
+    return ("save() stages and returns, one writer thread writes in order, wait() waits and re-raises, close() stops "
+            "the thread; a real checkpoint read back bit for bit")
+
+
+def _real_file_round_trip(cls):
+    """The learner's writer with the real write (serialise, write durably): the file read back equals the state at
+    save time, bit for bit, though the state changed right after save()."""
+    state = storage.recipe_state(4096 * 8, seed=5)
+    snapshot = {k: v.clone() for k, v in state.items()}
+    with storage.scratch_dir(64 * storage.MIB) as scratch:
+        path = str(scratch / "checkpoint.pt")
+        ck = cls(storage.save_checkpoint)
+        ck.save(state, path)
+        storage.train_step(state, 0.0)
+        done, box = _within(30, ck.wait)
+        close = getattr(ck, "close", None)
+        if callable(close):
+            close()
+        expect(done and "error" not in box, f"wait() on a real checkpoint did not finish cleanly: {box.get('error')}")
+        bad = storage.bitwise_mismatches(torch.load(path, weights_only=True), snapshot)
+        expect(not bad, f"the real checkpoint read back differs from the state at save time in {', '.join(bad)}")

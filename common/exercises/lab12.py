@@ -1,6 +1,7 @@
-"""Checkers for lab 12 (the profiling loop): idle share from a trace (12.1), equivalence (12.2), the grouped MoE
-forward (12.3), a profile share corrected for the profiler's overhead (12.4), driving torch.profiler (12.5) and the
-top operator by self time (12.6)."""
+"""Checkers for lab 12 (the profiling loop): idle share from a trace (12.1), equivalence (12.2), a profile share
+corrected for the profiler's overhead (12.3), the paired keep-or-revert guard (12.4, the build exercise), the sorted
+dispatch (12.5), driving torch.profiler (12.6), the top operator by self time (12.7) and the grouped MoE forward
+(12.8)."""
 from __future__ import annotations
 
 import random
@@ -9,6 +10,7 @@ import torch
 
 from common.core import traces
 from common.core.checks import CheckFailed, checker, expect, expect_close, fail, near
+from common.exercises import guard_checks, moe_checks
 from common.exercises.cases import as_number, expect_number, learner_call, replayable
 from common.systems import capstone
 
@@ -17,103 +19,45 @@ def _seeded(seed):
     return torch.Generator().manual_seed(seed)
 
 
-# ---------------------------------------------------------------------------------------------- 12.3
-def _moe_case(tokens, hidden, ffn, experts, k, seed, unused=()):
-    g = _seeded(seed)
-    x = torch.randn(tokens, hidden, generator=g, dtype=torch.float64)
-    allowed = torch.tensor([e for e in range(experts) if e not in unused])
-    indices = allowed[torch.rand(tokens, len(allowed), generator=g).topk(k, dim=1).indices]
-    weights = torch.rand(tokens, k, generator=g, dtype=torch.float64) + 0.1
-    ws = [torch.randn(experts, hidden, ffn, generator=g, dtype=torch.float64) / hidden ** 0.5,
-          torch.randn(experts, hidden, ffn, generator=g, dtype=torch.float64) / hidden ** 0.5,
-          torch.randn(experts, ffn, hidden, generator=g, dtype=torch.float64) / ffn ** 0.5]
-    return x, weights, indices, ws
+# ---------------------------------------------------------------------------------------------- 12.5, 12.8
+@checker("12.5", "sorted dispatch", in_kernel="it back-propagates through the learner's layer")
+@replayable
+def check_moe_sorted_forward(fn, cases):
+    """fn(x [T,H], weights [T,k], indices [T,k], w_gate [E,H,F], w_up [E,H,F], w_down [E,F,H], act) -> [T,H]: the
+    assignments sorted by expert once, each expert run on its contiguous slice, no boolean masks, no per-use
+    full-size weight gradients."""
+    for s in moe_checks.run_cases(fn, cases.seed, "moe_sorted(x, weights, indices, w_gate, w_up, w_down, act)"):
+        masks = s.forward.count("nonzero", "masked_select", "masked_scatter", "index_put", "index_put_")
+        expect(masks == 0, f"{s.where}: the forward selected rows with boolean masks ({masks} mask operations) -- "
+                           f"that is the loop you are replacing; sort once (moe.dispatch_plan) and slice")
+        per_use = s.backward.count("select_backward")
+        expect(per_use < s.experts, f"{s.where}: the backward made {per_use} full-size weight gradients "
+                                    f"(select_backward): indexing w_gate[e] inside the loop gives every use a "
+                                    f"gradient the size of ALL experts' weights -- take each expert's weights "
+                                    f"once, before the loop (w_gate.unbind(0))")
+        expect(s.forward.matmuls <= 3 * s.experts, f"{s.where}: the forward made {s.forward.matmuls} matrix "
+                                                   f"products; one expert's FFN makes 3, so at most "
+                                                   f"{3 * s.experts}")
+    return "output and gradients match; sorted once, no masks, weights split once"
 
 
-class _MatmulCounter(torch.utils._python_dispatch.TorchDispatchMode):
-    MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "dot", "mv", "addmv", "_grouped_mm"}
-
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ in self.MATMULS:
-            self.calls += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _forward_and_grads(fn, x, weights, indices, ws, act, call=None, used=None):
-    """fn on fresh leaf copies; with `call`, fn is the learner's (a crash is a verdict naming the call, and a call to
-    capstone's own layers is added to `used`)."""
-    leaves = [t.clone().requires_grad_() for t in (x, weights, *ws)]
-    args = (leaves[0], leaves[1], indices.clone(), leaves[2], leaves[3], leaves[4], act)
-    if call is None:
-        return fn(*args), leaves, args
-    out = learner_call(fn, args, call, (capstone.moe_grouped_forward, capstone.moe_loop_forward), used)
-    return out, leaves, args
-
-
-@checker("12.3", "grouped MoE forward", in_kernel="it back-propagates through the learner's layer")
+@checker("12.8", "grouped MoE forward", in_kernel="it back-propagates through the learner's layer")
 @replayable
 def check_moe_grouped_forward(fn, cases):
     """fn(x [T,H], weights [T,k], indices [T,k], w_gate [E,H,F], w_up [E,H,F], w_down [E,F,H], act) -> [T,H]: each
     token's k routed experts weighted and summed, every weight applied as ONE batched GEMM over all experts."""
-    seed = cases.seed
-    # (tokens, hidden, ffn, experts, k, unused experts): asymmetric sizes, unused experts, k=1 and k>1
-    for i, (t, h, f, e, k, unused) in enumerate([(29, 12, 8, 5, 2, (1,)), (16, 8, 20, 3, 1, ()),
-                                                 (41, 16, 12, 6, 3, (0, 4))]):
-        where = f"T={t}, H={h}, F={f}, E={e}, k={k}, unused experts {list(unused)} (seed {seed})"
-        x, weights, indices, ws = _moe_case(t, h, f, e, k, seed + i, unused)
-        copies = [a.clone() for a in (x, weights, indices, *ws)]
-        rows = []
-
-        def act(gate, up):
-            rows.append(tuple(gate.shape))
-            return capstone.swiglu(gate, up)
-
-        counter, used = _MatmulCounter(), set()
-        with counter:
-            out, leaves, given = _forward_and_grads(fn, x, weights, indices, ws, act, f"moe_forward(x, weights, "
-                                                    f"indices, w_gate, w_up, w_down, act) for {where}", used)
-        if used:
-            fail(f"{where}: you called common.systems.capstone's own MoE layer; this exercise is to write it")
-        expect(isinstance(out, torch.Tensor), f"{where}: expected a tensor [T, H], got {type(out).__name__}")
-        for name, before, after in zip(("x", "weights", "indices", "w_gate", "w_up", "w_down"), copies, given):
-            expect(torch.equal(before, after.detach()), f"{where}: your function modified its input {name}; work on "
-                                                        f"copies")
-        expected = capstone.moe_loop_forward(x, weights, indices, *ws)
-        if out.shape == expected.shape and not torch.allclose(out.detach(), expected, rtol=1e-9, atol=1e-10):
-            if torch.allclose(out.detach(), capstone.moe_loop_forward(x, torch.ones_like(weights), indices, *ws),
-                              rtol=1e-9, atol=1e-10):
-                fail(f"{where}: every expert's output was added with weight 1 -- multiply each expert's output "
-                     f"by that token's gate weight (weights[t, j])")
-        expect_close(out.detach(), expected, f"MoE output for {where}", rtol=1e-9, atol=1e-10)
-        probe = torch.randn(expected.shape, generator=_seeded(seed + 100 + i), dtype=torch.float64)
-        try:
-            (out * probe).sum().backward()
-        except RuntimeError as exc:
-            fail(f"{where}: the backward pass failed ({exc}); build the output from differentiable ops (no "
-                 f".detach(), no .data, no in-place writes into a tensor that needs grad)")
-        ref_out, ref_leaves, _ = _forward_and_grads(capstone.moe_loop_forward, x, weights, indices, ws,
-                                                    capstone.swiglu)
-        (ref_out * probe).sum().backward()
-        for name, got, ref in zip(("x", "weights", "w_gate", "w_up", "w_down"), leaves, ref_leaves):
-            expect(got.grad is not None, f"{where}: no gradient reached {name}; the layer must be differentiable "
-                                         f"with respect to it")
-            expect_close(got.grad, ref.grad, f"gradient of {name} for {where}", rtol=1e-8, atol=1e-10)
-        expect(counter.calls <= 3,
-               f"{where}: the forward made {counter.calls} matrix multiplications; a grouped layer makes one "
-               f"batched GEMM per weight (3 in all, e.g. torch.bmm over zero-padded [E, capacity, H] slots) -- a "
-               f"loop over experts makes 3 x E = {3 * e}")
-        expect(len(rows) > 0, f"{where}: `act` was never called; apply the act you are given to the gate/up "
-                              f"projections")
-        expect(len(rows) == 1, f"{where}: `act` was called {len(rows)} times (on {rows[:4]}); call it ONCE, on "
+    for s in moe_checks.run_cases(fn, cases.seed, "moe_grouped(x, weights, indices, w_gate, w_up, w_down, act)"):
+        e, calls = s.experts, s.forward.matmuls
+        expect(calls <= 3, f"{s.where}: the forward made {calls} matrix multiplications; a grouped layer makes one "
+                           f"batched GEMM per weight (3 in all, e.g. torch.bmm over zero-padded [E, capacity, H] "
+                           f"slots) -- a loop over experts makes 3 x E = {3 * e}")
+        rows = s.act_rows
+        expect(len(rows) == 1, f"{s.where}: `act` was called {len(rows)} times (on {rows[:4]}); call it ONCE, on "
                                f"all experts' rows together")
         n = 1
         for size in rows[0][:-1]:
             n *= size
-        expect(n >= t * k, f"{where}: `act` ran on {n} rows; it must see all T*k = {t * k} dispatched rows")
+        expect(n >= s.rows, f"{s.where}: `act` ran on {n} rows; it must see all T*k = {s.rows} dispatched rows")
     return "output and gradients match; one batched GEMM per weight; one act call"
 
 
@@ -303,11 +247,12 @@ def check_equivalent(fn, cases):
         also = [w for k, w in passed.items() if k != key]
         fail(f"{passed[key]}: your check said equivalent (seed {seed}); {why}"
              + (f". It also passed: {'; '.join(also)}" if also else ""))
-    return "accepts rounding noise, rejects tiny-gradient, gradient-only, 1% output, None, NaN, shape and key errors"
+    return ("accepts rounding noise, rejects tiny-gradient, gradient-only, 1% output, None, not-a-number, shape and "
+            "key errors")
 
 
-# ---------------------------------------------------------------------------------------------- 12.4
-@checker("12.4", "a profile share corrected for the profiler's overhead")
+# ---------------------------------------------------------------------------------------------- 12.3
+@checker("12.3", "a profile share corrected for the profiler's overhead")
 @replayable
 def check_corrected_share(fn, cases):
     """fn(part_ms, part_ops, profiled_ms, ops, unprofiled_ms) -> the part's share of the UNPROFILED step."""
@@ -345,7 +290,7 @@ def check_corrected_share(fn, cases):
     return "per-op overhead from the step, taken out of the part, over the unprofiled step"
 
 
-# ---------------------------------------------------------------------------------------------- 12.5
+# ---------------------------------------------------------------------------------------------- 12.6
 def _profiled_names(prof, path):
     import json
     from pathlib import Path
@@ -358,7 +303,7 @@ def _profiled_names(prof, path):
     return [e.get("name") for e in events if e.get("cat") == "user_annotation"]
 
 
-@checker("12.5", "driving torch.profiler: schedule, shapes, stacks, activities, trace",
+@checker("12.6", "driving torch.profiler: schedule, shapes, stacks, activities, trace",
          in_kernel="it reads the torch.profiler object the learner returns (its activities, shapes, stacks)")
 @replayable
 def check_profile_steps(fn, cases):
@@ -414,7 +359,7 @@ def check_profile_steps(fn, cases):
     return "schedule honoured (no warm-up step recorded), shapes, stacks, CPU/CUDA activities, trace written"
 
 
-# ---------------------------------------------------------------------------------------------- 12.6
+# ---------------------------------------------------------------------------------------------- 12.7
 def _row(key, self_cpu, total_cpu, self_dev=0.0, total_dev=0.0, shapes=(), count=1):
     from types import SimpleNamespace
     return SimpleNamespace(key=key, input_shapes=[list(s) for s in shapes], count=count,
@@ -422,7 +367,7 @@ def _row(key, self_cpu, total_cpu, self_dev=0.0, total_dev=0.0, shapes=(), count
                            self_device_time_total=self_dev, device_time_total=total_dev)
 
 
-@checker("12.6", "the top operator by self time, and its shapes")
+@checker("12.7", "the top operator by self time, and its shapes")
 @replayable
 def check_top_op(fn, cases):
     """fn(averages, device) -> (name, input_shapes, self_us): the aten operator with the largest self time (device
@@ -458,3 +403,40 @@ def check_top_op(fn, cases):
         expected_us = want.self_device_time_total if device == "cuda" else want.self_cpu_time_total
         expect_number(as_number(self_us, call), expected_us, f"self time returned by {call}", rtol=1e-9)
     return "aten operators only, by self time (device time on a GPU run), with that row's shapes"
+
+
+# ---------------------------------------------------------------------------------------------- 12.4
+@checker("12.4", "the paired guard: keep, revert or undecided")
+@replayable
+def check_keep_or_revert(fn, cases):
+    """fn(current, candidate, bar, pairs, max_pairs, rng, clock, sync) -> (decision, ratios): each step warmed up once,
+    then pairs in random order, each run timed alone (clock, step, sync, clock), ratio t_current / t_candidate per
+    pair; after each batch of `pairs`, keep / revert when the 90% interval of the median ratio lies wholly above /
+    below 1 + bar; 'undecided' when another batch would pass max_pairs."""
+    import random
+    firsts = []
+    for i, (name, bar, pairs, max_pairs, ratios) in enumerate(guard_checks.CASES):
+        current, candidate = guard_checks.series(0.01 * (1 + 0.1 * i), ratios[:max_pairs])
+        dev = guard_checks.Device(current, candidate)
+        call = guard_checks.call(name, bar, pairs, max_pairs)
+        got = learner_call(fn, (dev.step("current"), dev.step("candidate"), bar, pairs, max_pairs,
+                                random.Random(cases.seed + i), dev.clock, dev.sync), call,
+                           (capstone.keep_or_revert,), expected="(decision, ratios)")
+        expect(isinstance(got, (tuple, list)) and len(got) == 2, f"{call} returned {got!r:.80}; return a pair "
+                                                                  f"(decision, ratios)")
+        decision, ratios_got = got
+        try:
+            ratios_got = [float(r) for r in ratios_got]
+        except (TypeError, ValueError):
+            fail(f"{call}: the ratios {ratios_got!r:.80} are not a list of numbers")
+        expect(len(ratios_got) >= 2, f"{call}: {len(ratios_got)} ratio(s); a verdict needs the pairs' ratios")
+        expect(dev.unsynced_reads == 0, f"{call}: you read the clock {dev.unsynced_reads} time(s) while a step's "
+                                        f"work was still queued on the device: the time was the launch, not the "
+                                        f"work -- call sync() after each step (and after the warm-up) before "
+                                        f"reading the clock")
+        guard_checks.check_ratios(call, dev, ratios_got, firsts)
+        guard_checks.check_decision(call, decision, ratios_got, bar, pairs, max_pairs)
+    expect(len(set(firsts)) > 1, f"every pair ran {firsts[0]!r} first ({len(firsts)} pairs): a machine that warms "
+                                 f"up or slows down within a pair biases every ratio the same way -- draw each "
+                                 f"pair's order at random (rng.sample or rng.shuffle)")
+    return f"warm-up, random order, synchronised times, the call on the 90% interval ({len(firsts)} pairs in 6 cases)"

@@ -1,13 +1,15 @@
-"""Checkers for lab 13 (DeepSeek-V3 from first principles): the FLOPs of one MoE layer from the config, the exposed
-all-to-all time of a chunk, GPU-hours per trillion tokens from a step time.
+"""Checkers for lab 13 (DeepSeek-V3 from first principles): the FLOPs of one MoE layer from the config (13.1), one
+MoE layer's forward and backward time from the published rates (13.2, the build exercise), the exposed all-to-all
+time of a chunk (13.3), GPU-hours per trillion tokens from a step time (13.4).
 
 Each checker starts with fixed, asymmetric cases (no two mistakes give the same number), then random cases from a
 fresh seed that a failure prints."""
 from __future__ import annotations
 
 from common.core.checks import checker, expect, expect_close, fail, near
+from common.exercises import layer_model
 from common.exercises.cases import as_number, learner_call, replayable
-from common.systems.v3 import model as v3model
+from common.systems.v3 import kit as v3kit, model as v3model
 
 NUMBER = "one number (a float)"
 
@@ -93,13 +95,12 @@ def check_moe_layer_flops(moe_layer_flops, cases):
             if near(got, value, 1e-9) and not near(got, expected, 1e-9):
                 fail(f"{where} = {got:.10g}: that {why} (expected {expected:.10g})")
         expect_close(got, expected, where, rtol=1e-9, atol=0.0)
-    return (f"right for {len(cases_)} configs; DeepSeek-V3: {moe_layer_parts(fixed[0])['routed'] * 4096 / 1e12:.2f} "
-            f"TFLOP of routed experts per 4096-token micro-batch and layer")
+    return f"right for {len(cases_)} configs, head sizes swapped and not"
 
 
-# ---------------------------------------------------------------- 13.2
+# ---------------------------------------------------------------- 13.3
 
-@checker("13.2", "exposed all-to-all time of a chunk")
+@checker("13.3", "exposed all-to-all time of a chunk")
 @replayable
 def check_exposed_all_to_all(exposed_all_to_all, cases):
     """exposed_all_to_all(F, B, comm_F, comm_B, overlapped) -> seconds of all-to-all left on the critical path:
@@ -155,9 +156,9 @@ def check_exposed_all_to_all(exposed_all_to_all, cases):
     return "alone: comm_F + comm_B; in an F&B pair: max(0, comm_F + comm_B - (F + B))"
 
 
-# ---------------------------------------------------------------- 13.3
+# ---------------------------------------------------------------- 13.4
 
-@checker("13.3", "GPU-hours per trillion tokens from a step time")
+@checker("13.4", "GPU-hours per trillion tokens from a step time")
 @replayable
 def check_gpu_hours(gpu_hours_per_t_tokens, cases):
     """gpu_hours_per_t_tokens(step_seconds, gpus, tokens_per_step) -> GPU-hours one trillion tokens takes."""
@@ -179,3 +180,40 @@ def check_gpu_hours(gpu_hours_per_t_tokens, cases):
         expect(got > 0, f"{where} = {got:.6g}: GPU-hours are positive")
         expect_close(got, expected, where, rtol=1e-9, atol=0.0)
     return "step x GPUs / 3600 x (1e12 / tokens per step): DeepSeek's 180K means ~20 s steps would be needed"
+
+
+# ---------------------------------------------------------------- 13.2 (the build exercise)
+
+@checker("13.2", "one MoE layer's forward and backward from the published rates")
+@replayable
+def check_layer_seconds(layer_seconds, cases):
+    """layer_seconds(cfg, tokens, kit) -> {"forward": s, "backward": s}: one MoE layer's compute on one GPU -- every
+    GEMM of its linear layers forward, dgrad and wgrad at DeepGEMM's rates on the SMs DeepEP leaves, the recomputed
+    up-projections, the router in BF16, causal attention at FlashAttention-3's rates, the memory-bound bytes over
+    HBM -- as the lab's kernel model sums it (DeepEP's all-to-all left out)."""
+    cfg0 = v3model.config()
+    for i, (cfg, setup, is_random) in enumerate(layer_model.cases(cfg0, cases.rng)):
+        kit = v3kit.Kit(cfg, setup)
+        where = (f"layer_seconds(cfg with hidden={cfg['hidden_size']}, heads={cfg['num_attention_heads']}, "
+                 f"experts={cfg['n_routed_experts']}, tokens={setup.tokens}, kit: EP{setup.ep}, "
+                 f"{kit.sm_share * 132:.0f} of 132 SMs, {setup.kernels} kernels"
+                 f"{', BF16 at %g' % setup.bf16_efficiency if setup.bf16_efficiency else ''}){cases.tag(is_random)}")
+        got = learner_call(layer_seconds, (cfg, setup.tokens, kit), where, (v3kit.layer_seconds,),
+                           expected='{"forward": seconds, "backward": seconds}')
+        expect(isinstance(got, dict) and set(got) >= {"forward", "backward"},
+               f"{where} returned {got!r:.80}; return a dict with 'forward' and 'backward' (seconds)")
+        f, b = (as_number(got[d], f"{where}['{d}']", "seconds") for d in ("forward", "backward"))
+        want = v3kit.layer_seconds(cfg, setup)
+        if near(f, want["forward"], 1e-9) and near(b, want["backward"], 1e-9):
+            continue
+        if near(f, b, 1e-9) and not near(want["forward"], want["backward"], 1e-3):
+            fail(f"{where}: backward = forward ({f:.6g} s); a backward runs two GEMMs per linear layer (dgrad and "
+                 f"wgrad), recomputes the up-projections and runs attention's backward at 2.5x its forward FLOPs")
+        for mistake, why in layer_model.MISTAKES.items():
+            alt = layer_model.reference(cfg, setup.tokens, kit, **{mistake: True})
+            if near(f, alt["forward"], 1e-6) and near(b, alt["backward"], 1e-6):
+                fail(f"{where} = forward {f:.6g} s, backward {b:.6g} s: {why} (expected forward "
+                     f"{want['forward']:.6g} s, backward {want['backward']:.6g} s)")
+        for d, value in (("forward", f), ("backward", b)):
+            expect_close(value, want[d], f"{where}['{d}'] (seconds)", rtol=1e-9, atol=0.0)
+    return "every GEMM three ways on 112 SMs, recompute, BF16 router, causal attention, memory bytes: as the lab's model"

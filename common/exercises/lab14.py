@@ -1,18 +1,22 @@
 """Checkers for lab 14 (MLA and inference): KV bytes per token of a model config, absorbed MLA equal to the
-decompressed form, a token's cache through a block table, the decode arithmetic intensity against batch, and the
-cost per million tokens from throughput and price.
+decompressed form, a token's cache through a block table, the decode arithmetic intensity against batch, the cost
+per million tokens from throughput and price; and three builds -- one step of a continuous-batching scheduler, the
+paged MLA decode loop, a prefix cache (their scenarios and named wrong policies: `common.exercises.lab14_cases`).
 
 Each checker starts with fixed, asymmetric cases (no two mistakes give the same number), then random cases from a
 fresh seed that a failure prints."""
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from common.core.checks import checker, expect, expect_close, fail, near
-from common.exercises.cases import as_number, learner_call, replayable
+from common.exercises import lab14_cases as lc
+from common.exercises.cases import as_number, fresh_cases, learner_call, replayable
 from common.facts import models
 from common.kernels import mla, mla_decode
-from common.systems.inference import kvcache, service
+from common.systems.inference import kvcache, prefix_cache, scheduler, service
 
 NUMBER = "one number (a float)"
 
@@ -262,3 +266,116 @@ def check_cost_per_m_tokens(cost_per_m_tokens, cases):
         expect_close(got, expected, where, rtol=1e-9, atol=0.0)
     return (f"$2/GPU-hour, 8 GPUs: {service.cost_per_m_tokens(14800, 2, 8):.3f} $/M output tokens at the reported "
             f"14.8K per node")
+
+
+# ---------------------------------------------------------------- 14.6
+
+@checker("14.6", "one step of a continuous-batching scheduler")
+@replayable
+def check_schedule_step(schedule_step, cases):
+    """schedule_step(running, waiting, free_blocks, block_size, max_batch) -> (running, waiting, finished,
+    free_blocks): finish, grow (preempting the newest when the pool is dry), admit first come first served, advance
+    -- the policy of `common.systems.inference.scheduler`, judged on fixed states, random ones and a whole trace."""
+    states = lc.scheduler_states(cases.rng)
+    for state, is_random, label in states:
+        where = label + lc.describe_state(*state) + cases.tag(is_random)
+        got = learner_call(schedule_step, copy.deepcopy(state), where,
+                           (scheduler.schedule_step, scheduler.Scheduler.step))
+        got = lc.step_result(got, where)
+        expected = scheduler.canonical(scheduler.Scheduler().step(*copy.deepcopy(state)))
+        if got != expected:
+            lc.name_scheduler_mistake(state, got, where)
+            fail(f"{where}: expected {lc.describe_result(expected)}; got {lc.describe_result(got)}")
+    steps = sum(1 for *_, label in states if label)
+    return (f"the same step as the reference on {len(lc.scheduler_scenarios())} fixed states, 30 random ones and "
+            f"the {steps} steps of a 30-request trace through a pool of 24 blocks")
+
+
+# ---------------------------------------------------------------- 14.7
+
+@checker("14.7", "the paged MLA decode loop")
+@replayable
+def check_paged_mla_decode(paged_mla_decode, cases):
+    """paged_mla_decode(q_nope, q_rope, kv_cache, block_table, seq_lens, w_uk, w_uv, scale) -> (B, S, H, v_dim):
+    absorbed MLA over a paged latent cache, block by block through the block table, causal across the S new tokens
+    (token s of sequence b at position seq_lens[b] - S + s), equal to `mla_decode.paged_mla` within rounding."""
+    refs = (mla_decode.paged_mla, mla_decode.paged_reference, mla_decode.paged_attention, mla_decode.gather_sequence,
+            mla_decode.mla_decode, mla.absorbed, mla.mqa_attention, mla.decompressed)
+    all_cases = lc.decode_cases(cases)
+    for c, is_random, label in all_cases:
+        B, S, H, nope = c["q_nope"].shape
+        where = (f"paged_mla_decode({label}: B={B}, S={S}, H={H}, kv_lora={c['w_uk'].shape[2]}, rope="
+                 f"{c['q_rope'].shape[3]}, page={c['kv_cache'].shape[1]}, seq_lens={c['seq_lens'].tolist()}, "
+                 f"scale={c['scale']:.4g}){cases.tag(is_random)}")
+        args = tuple(c[k].clone() if isinstance(c[k], torch.Tensor) else c[k] for k in lc.DECODE_ARGS)
+        got = learner_call(paged_mla_decode, args, where, refs)
+        expected = mla_decode.paged_mla(*[c[k] for k in lc.DECODE_ARGS])
+        if not isinstance(got, torch.Tensor):
+            fail(f"{where} returned {type(got).__name__}; expected a tensor of shape {tuple(expected.shape)}")
+        for a, k in zip(args, lc.DECODE_ARGS):
+            expect(not isinstance(a, torch.Tensor) or torch.equal(a, c[k]),
+                   f"{where} changed its input {k}; leave the inputs as they are")
+        if got.shape == expected.shape[:3] + (c["w_uk"].shape[2],):
+            fail(f"{where}: shape {tuple(got.shape)} is the latent output: apply W_uv (H, kv_lora, v_dim) head by "
+                 f"head after the attention")
+        if got.shape != expected.shape:
+            fail(f"{where}: shape {tuple(got.shape)}, expected {tuple(expected.shape)} = (B, S, H, v_dim)")
+        got = got.double()
+        if not bool(torch.isfinite(got).all()):
+            fail(f"{where}: your output has NaN or inf -- exp of a raw score overflows (the scores here reach the "
+                 f"thousands): subtract the running max before exp, and rescale by exp(m_old - m_new)")
+        if not torch.allclose(got, expected, rtol=1e-5, atol=1e-6 * float(expected.abs().max())):
+            lc.name_decode_mistake(c, got, where)
+        expect_close(got, expected, where, rtol=1e-5, atol=1e-6 * float(expected.abs().max()))
+    return (f"equal to the float64 reference on {len(all_cases)} cases: MTP's 2 tokens, a one-token sequence, V3's "
+            f"widths with its YaRN scale, scores in the thousands, 3 random ones")
+
+
+# ---------------------------------------------------------------- 14.8
+
+def _prefix_call(refs):
+    """learner_call for the prefix cache's two functions, with their results checked for shape."""
+    def call(fn, args, i, op):
+        where = f"op {i + 1}, {lc.describe_op(op, args[0].block_size)}"
+        got = learner_call(fn, args, where, refs)
+        state = got[0] if op[0] == "alloc" and isinstance(got, (tuple, list)) and len(got) == 3 else got
+        if op[0] == "alloc" and not (isinstance(got, (tuple, list)) and len(got) == 3):
+            fail(f"{where} returned {type(got).__name__}; expected (state, blocks, hit_tokens)")
+        if not isinstance(state, prefix_cache.CacheState):
+            fail(f"{where}: the state returned is {type(state).__name__}; return the CacheState you were given")
+        if op[0] == "alloc":
+            n = -(-len(op[2]) // state.block_size)
+            if not isinstance(got[1], (list, tuple)) or len(got[1]) != n:
+                fail(f"{where}: blocks = {got[1]!r:.80}; expected a list of {n} block ids (one per "
+                     f"{state.block_size} tokens, the last one partial)")
+            as_number(got[2], f"{where}: hit_tokens", "a whole number of tokens", integer=True)
+        return got
+    return call
+
+
+@checker("14.8", "a prefix cache")
+def check_prefix_cache(allocate, release, seed=None):
+    """allocate(state, tokens) -> (state, blocks, hit_tokens) and release(state, blocks) -> state: automatic prefix
+    caching over a pool of blocks -- full blocks named by (parent's name, tokens), reference counts, least recently
+    used eviction of unreferenced blocks, no partial block shared (`common.systems.inference.prefix_cache`)."""
+    refs = (prefix_cache.allocate, prefix_cache.release, prefix_cache.PrefixCachePolicy.allocate,
+            prefix_cache.PrefixCachePolicy.release)
+    with fresh_cases(seed, replay=True) as cases:
+        scripts = lc.prefix_scripts(cases.rng)
+        for k, (num_blocks, bs, ops, label) in enumerate(scripts):
+            tag = f"{label}, {num_blocks} blocks of {bs} tokens{cases.tag(k > 0)}"
+            ref = lc.mistake_trajectory(prefix_cache.PrefixCachePolicy, num_blocks, bs, ops)
+            seen = []
+            for i, got in enumerate(lc.prefix_trajectory(allocate, release, num_blocks, bs, ops, _prefix_call(refs))):
+                seen.append(got)
+                if got == ref[i]:
+                    continue
+                where = f"{tag}: op {i + 1}, {lc.describe_op(ops[i], bs)}"
+                for cls, why in lc.PREFIX_MISTAKES:
+                    if lc.mistake_trajectory(cls, num_blocks, bs, ops)[:i + 1] == seen:
+                        fail(f"{where}: your cache {why}")
+                if len(got) == 4 and len(set(got[0])) != len(got[0]):
+                    fail(f"{where}: blocks {list(got[0])} holds a block twice")
+                fail(f"{where}: expected {lc.describe_seen(ref[i])}; got {lc.describe_seen(got)}")
+    return (f"the same blocks, hits, free queue and references as the reference after every call, on "
+            f"{len(scripts)} request sequences (one scripted, {len(scripts) - 1} random chats through small pools)")

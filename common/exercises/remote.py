@@ -87,7 +87,8 @@ def _call(msg: dict) -> dict:
     before = [dumps({"v": codec.encode(a, strict=False)}) for a in call_args]
     before_kw = {k: dumps({"v": codec.encode(v, strict=False)}) for k, v in call_kwargs.items()}
     reply: dict = {"itself": itself}
-    with watched(refs) as called:
+    allowed = msg.get("allowed")
+    with watched(refs, [str(a)[:200] for a in allowed or []][:50], library=allowed is not None) as called:
         try:
             result = fn(*call_args, **call_kwargs)
             reply["ok"] = True

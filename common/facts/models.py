@@ -32,9 +32,22 @@ _COMMON_KEYS = {
 _MLA_KEYS = {"q_lora_rank": int, "kv_lora_rank": int, "qk_nope_head_dim": int, "qk_rope_head_dim": int,
              "v_head_dim": int}
 _GQA_KEYS = {"head_dim": int}
-_OPTIONAL_KEYS = {"topk_method": str, "max_position_embeddings": int}
+_OPTIONAL_KEYS = {"topk_method": str, "max_position_embeddings": int, "rope_scaling": dict}
 SCORING_FUNCS = ("sigmoid", "softmax")
 ATTENTION_KINDS = ("mla", "gqa")
+
+
+class FrozenDict(dict):
+    """A config's nested mapping (DeepSeek-V3's rope_scaling): read-only and hashable, so a config's values stay
+    usable as a cache key (`tuple(sorted(values.items()))`)."""
+
+    def __hash__(self):
+        return hash(tuple(sorted(self.items())))
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("a model config's nested mapping is read-only (use ModelConfig.replace)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,7 @@ class ModelConfig:
     source: dict = field(default_factory=dict)
     published: dict = field(default_factory=dict)
     path: str = ""
+    inference: dict = field(default_factory=dict)  # the authors' inference code's settings (DeepSeek-V3: max_seq_len)
 
     def __getattr__(self, item):
         values = object.__getattribute__(self, "values")
@@ -73,7 +87,7 @@ class ModelConfig:
         """A copy with some keys changed, validated again (for what-if questions)."""
         values = {**self.values, **changes}
         validate_config(values, f"{self.key} (modified)")
-        return ModelConfig(self.key, self.name, values, self.source, self.published, self.path)
+        return ModelConfig(self.key, self.name, values, self.source, self.published, self.path, self.inference)
 
 
 def model_names() -> list[str]:
@@ -162,8 +176,9 @@ def load_model_config(name: str, models_dir: Path | str | None = None) -> ModelC
     if not isinstance(src, dict) or not all(isinstance(src.get(k), str) and src.get(k) for k in ("title", "url", "date")):
         raise ValueError(f"{where}: key 'source' needs 'title', 'url' and 'date' strings")
     validate_config(doc["config"], where)
-    return ModelConfig(key=name, name=doc["name"], values=dict(doc["config"]), source=src,
-                       published=doc.get("published", {}), path=where)
+    values = {k: FrozenDict(v) if isinstance(v, dict) else v for k, v in doc["config"].items()}
+    return ModelConfig(key=name, name=doc["name"], values=values, source=src,
+                       published=doc.get("published", {}), path=where, inference=doc.get("inference", {}))
 
 
 # ---------------------------------------------------------------- parameter counting

@@ -97,6 +97,27 @@ def _deepgemm_best() -> Published:
                      _rates_source("deepgemm_a6d97a1"))
 
 
+def _deepgemm_grouped() -> Published:
+    table = _kernel_rates()["deepgemm_fp8"]["grouped_contiguous"]
+    groups, m, n, k, tflops = max(table, key=lambda row: row[4])[:5]
+    peak = hardware.peak_tflops("H800-SXM", "fp8")
+    return Published(100 * tflops / peak, "% of the dense FP8 peak", "H800 SXM",
+                     f"DeepGEMM's grouped FP8 GEMM for MoE experts (contiguous layout, training), {groups} groups of "
+                     f"{m:,} rows, {n} x {k}: {tflops:,} of {peak:,.0f} TFLOP/s", _rates_source("deepgemm_a6d97a1"))
+
+
+@lru_cache(maxsize=1)
+def _deepseek_trace() -> dict:
+    return json.loads((DATA / "deepseek_profile_train.json").read_text())
+
+
+def _deepseek(what: str, value: Callable[[dict], float], unit: str) -> Published:
+    prof = _deepseek_trace()
+    src = prof["sources"]["profile_data"]
+    return Published(value(prof), unit, "H800 SXM", f"{what} (DeepSeek's own PyTorch-profiler trace of one DualPipe "
+                     f"step, rank 0 of 64)", f"{src['title']} ({src['url']}, {src['date']})")
+
+
 def _fa3_forward() -> Published:
     fa3 = _kernel_rates()["flash_attention_3"]
     tflops = fa3["forward"]["noncausal"]["128"][-1]
@@ -123,6 +144,13 @@ _FIGURES: dict[str, Callable[[], Published]] = {
     "h100.hbm_bandwidth": _h100_hbm,
     "h100.bf16_dense_peak": _h100_bf16,
     "deepgemm.fp8_best_fraction_of_peak": _deepgemm_best,
+    "deepgemm.grouped_fraction_of_peak": _deepgemm_grouped,
+    "deepseek.h800_idle_share": lambda: _deepseek(
+        "share of the training step in which no kernel runs on any stream",
+        lambda p: 100 * p["overlap"]["idle_ms"] / p["step"]["gpu_ms"], "% of the step"),
+    "deepseek.h800_exposed_comm_share": lambda: _deepseek(
+        "share of the step in which DeepEP's all-to-all runs with no compute beside it",
+        lambda p: 100 * p["overlap"]["exposed_comm_ms"] / p["step"]["gpu_ms"], "% of the step"),
     "fa3.forward_fraction_of_peak": _fa3_forward,
     "liger.rmsnorm_fused_vs_eager": lambda: _liger(
         "liger", "huggingface", "a fused Triton RMSNorm forward vs eager PyTorch (one kernel per op), 2048 x 4096 bf16"),
@@ -158,8 +186,13 @@ _FIGURES: dict[str, Callable[[], Published]] = {
     "fa2.a100_training_tflops": lambda: Published(
         _fact("fa2.a100_training_tflops"), "TFLOP/s", "A100", "end-to-end GPT-style training with FlashAttention-2 "
         "(72% model FLOPs utilization)", _source("fa2.a100_training_tflops")),
+    "pytorch.async_checkpoint_exposed": lambda: Published(
+        100 * _fact("pytorch.async_checkpoint_async_s") / _fact("pytorch.async_checkpoint_blocking_s"),
+        "% of the blocking save", "GPU training (IBM Research)", f"a 7B model's down time per checkpoint, DCP async_save "
+        f"against a blocking save: {_fact('pytorch.async_checkpoint_blocking_s')} s -> "
+        f"{_fact('pytorch.async_checkpoint_async_s')} s (what remains is the staging copy)",
+        _source("pytorch.async_checkpoint_async_s")),
     "nccl.allreduce_busbw_8xh100": lambda: _comm("nccl_allreduce_busbw_8xH100"),
-    "deepep.h800_intranode_dispatch": lambda: _comm("deepep_h800_intranode_dispatch"),
     "deepep.h800_internode_dispatch_ep64": lambda: _comm(
         "deepep_h800_internode_dispatch_ep64", "DeepEP V1 normal kernels, EP 64 over 8 nodes, one CX7 400 Gb/s NIC "
         "per GPU, FP8 dispatch (bottleneck bandwidth)"),

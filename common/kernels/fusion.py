@@ -77,6 +77,27 @@ def fraction_of_copy_bw(nbytes: float, seconds: float, copy_gbps: float) -> floa
     return nbytes / seconds / (copy_gbps * 1e9)
 
 
+def eager_traffic(fn, *args) -> tuple[int, int]:
+    """(kernels, bytes) of `fn(*args)` run eagerly: every aten op it dispatches, and the bytes of each op's tensor
+    inputs and outputs -- what one kernel per op reads and writes when nothing stays in cache."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    count = [0, 0]
+
+    class Traffic(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            count[0] += 1
+            count[1] += sum(t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves((args, kwargs, out))
+                            if isinstance(t, torch.Tensor))
+            return out
+
+    with Traffic():
+        fn(*args)
+    return count[0], count[1]
+
+
 # ---------------------------------------------------------------------------------------------- PyTorch references
 def chain_eager(x):
     """The lab's elementwise chain in eager PyTorch: four kernels, three intermediates in memory."""
@@ -159,8 +180,15 @@ def kernel_source(name: str) -> str:
     names = ("add", "softmax", "chain")
     if name not in names:
         raise ValueError(f"name={name!r} is not a kernel here; allowed: {', '.join(names)}")
+    import ast
     import textwrap
-    return textwrap.dedent(inspect.getsource(getattr(_kernels(), name).fn))
+    src = textwrap.dedent(inspect.getsource(_kernels))  # read, not run: no Triton needed to show a kernel
+    lines = src.splitlines(keepends=True)
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.FunctionDef) and node.name == f"{name}_kernel":
+            start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+            return textwrap.dedent("".join(lines[start - 1:node.end_lineno]))
+    raise LookupError(f"no {name}_kernel in fusion._kernels")
 
 
 def default_block_size() -> int:

@@ -12,7 +12,9 @@ k_h = [W_uk[h] c ; k_r] and v_h = W_uv[h] c; its query is [q_nope_h ; q_rope_h].
 3. `mqa`: the same as one multi-query attention whose single key is [c ; k_r] (576 wide) and whose value is c (the
    key's first 512 values), shared by every head -- FlashMLA's interface ("MQA mode": head_dim_k 576, head_dim_v 512).
 
-All three use the softmax scale of the original head, 1 / sqrt(qk_nope + qk_rope) (1/sqrt(192) for V3). Queries are
+All three take the softmax scale as an argument; left out, it is the original head's 1 / sqrt(qk_nope + qk_rope)
+(1/sqrt(192) for V3). DeepSeek-V3 serves contexts past its original 4,096 with YaRN and multiplies that scale by
+mscale^2, mscale = 0.1 ln(40) + 1 (`yarn_mscale`; `MLADims.softmax_scale` = 1.874 / sqrt(192)). Queries are
 the last Q of the T cached positions (causal: query i sits at position T - Q + i). Shapes: q_nope (Q, H, nope),
 q_rope (Q, H, rope), latent (T, kv_lora), k_rope (T, rope), w_uk (H, nope, kv_lora), w_uv (H, kv_lora, v_dim).
 """
@@ -23,30 +25,52 @@ from dataclasses import dataclass
 
 import torch
 
-from common.core.validate import whole
+from common.core.validate import number, whole
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention scaling (DeepSeek-V3 inference/model.py, MLA.__init__): 0.1 x mscale x ln(factor) + 1 for a
+    context stretched `factor` times, 1 when factor <= 1. The softmax scale is multiplied by its square."""
+    number("factor", factor)
+    return 0.1 * number("mscale", mscale, strict=False) * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def config_mscale(cfg, max_seq_len: int | None = None) -> float:
+    """mscale of a model config served up to `max_seq_len` tokens (default: its inference code's max_seq_len, else
+    max_position_embeddings): yarn_mscale(factor, mscale_all_dim) of its rope_scaling when max_seq_len exceeds the
+    original context, as DeepSeek's model.py does; 1 without rope_scaling. DeepSeek-V3: 0.1 ln 40 + 1 = 1.369."""
+    rs = cfg.get("rope_scaling")
+    if not rs:
+        return 1.0
+    served = max_seq_len or getattr(cfg, "inference", {}).get("max_seq_len") or cfg.get("max_position_embeddings")
+    if not served or whole("max_seq_len", served) <= rs["original_max_position_embeddings"]:
+        return 1.0
+    return yarn_mscale(rs["factor"], rs.get("mscale_all_dim", rs.get("mscale", 1.0)))
 
 
 @dataclass(frozen=True)
 class MLADims:
-    """The attention dimensions MLA's decode depends on."""
+    """The attention dimensions MLA's decode depends on, and YaRN's mscale (1: no context extension)."""
 
     heads: int
     kv_lora: int
     nope: int
     rope: int
     v_dim: int
+    mscale: float = 1.0
 
     def __post_init__(self):
         for name in ("heads", "kv_lora", "nope", "rope", "v_dim"):
             whole(name, getattr(self, name))
+        number("mscale", self.mscale)
 
     @classmethod
-    def from_config(cls, cfg) -> "MLADims":
-        """From a model config of data/models/ with MLA attention (DeepSeek-V3, Kimi K2)."""
+    def from_config(cls, cfg, max_seq_len: int | None = None) -> "MLADims":
+        """From a model config of data/models/ with MLA attention (DeepSeek-V3, Kimi K2); mscale as `config_mscale`."""
         if cfg["attention"] != "mla":
             raise ValueError(f"config attention={cfg['attention']!r}: MLADims needs an MLA model")
         return cls(cfg["num_attention_heads"], cfg["kv_lora_rank"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"],
-                   cfg["v_head_dim"])
+                   cfg["v_head_dim"], config_mscale(cfg, max_seq_len))
 
     @property
     def qk_dim(self) -> int:
@@ -59,7 +83,14 @@ class MLADims:
 
     @property
     def scale(self) -> float:
+        """The original head's 1 / sqrt(qk_dim), without YaRN's mscale."""
         return 1.0 / math.sqrt(self.qk_dim)
+
+    @property
+    def softmax_scale(self) -> float:
+        """The scale the model applies: 1 / sqrt(qk_dim) x mscale^2 (DeepSeek-V3 at max_seq_len 16,384: 1.874 /
+        sqrt(192))."""
+        return self.scale * self.mscale ** 2
 
 
 def random_case(dims: MLADims, tokens: int, queries: int = 1, gen: torch.Generator | None = None,

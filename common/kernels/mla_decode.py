@@ -11,16 +11,27 @@ Interface (FlashMLA's `flash_mla_with_kvcache`, simplified):
   keys 0..that position (causal).
 Returns (out (B, S_q, H, head_dim_v), lse (B, S_q, H)) -- the natural-log log-sum-exp of the scaled scores.
 
-The kernel: one program per (sequence, block of BLOCK_H query rows, split). A split walks its run of pages through
-the block table, loads each tile of BLOCK_N tokens once -- its 512 latent values serve as key AND value for all
-BLOCK_H rows -- and keeps an online softmax; it writes a partial output and its log-sum-exp. The combine kernel
-merges the splits of each row (weights exp(lse_s - max)). Splitting the KV length gives a batch of few long
-sequences enough programs to fill the GPU. `paged_reference` is the float64 PyTorch reference; `paged_attention`
-the vectorised PyTorch version the CPU serving loop uses.
+The kernel, FlashMLA's way where Triton allows it:
+- one program per (block of BLOCK_H query rows, work item). The rows are the H heads x S_q new tokens; BLOCK_H is 64
+  where the rows allow (FlashMLA's 64-row blocks: V3's 128 heads are 2 row-blocks, 4 with MTP), so the cache is
+  read ceil(rows / BLOCK_H) times per step (`kv_reads`), and the row-block is grid axis 0: the programs that read
+  the same pages are launched next to each other, so a second read can find them still in L2 (FlashMLA's grid puts
+  its m-blocks first too; whether it does is for the benchmark to show);
+- a work item is a run of one sequence's pages (`plan_splits`): the pages of the whole batch are cut into runs of
+  about equal length, so a long sequence gets more splits and a short one fewer (FlashMLA balances the same way,
+  per SM part, and also lets one part run across sequences; here a run stays inside one sequence);
+- each program walks its run through the block table, loads every tile of BLOCK_N tokens once -- its 512 latent
+  values serve as key AND value for all BLOCK_H rows -- keeps an online softmax, and writes a partial output and its
+  log-sum-exp; the combine kernel merges each sequence's splits (weights exp(lse_s - max)): flash-decoding.
+`bytes_moved` counts the KV cache once, as FlashMLA's GB/s does; the traffic with the re-reads is
+`bytes_moved(..., kv_reads=kv_reads(...))`. `paged_reference` is the float64 PyTorch reference; `paged_attention`
+the vectorised PyTorch version the CPU serving loop uses. No GPU timing of this kernel is quoted here:
+`benchmarks/mla_decode_bench.py` measures it (`make gpu-check`).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -111,6 +122,22 @@ def paged_reference(q, kv_cache, block_table, seq_lens, head_dim_v: int = 512, s
     return torch.stack(outs), torch.stack(lses)
 
 
+def paged_mla(q_nope, q_rope, kv_cache, block_table, seq_lens, w_uk, w_uv, scale: float | None = None):
+    """Absorbed MLA over a paged latent cache in float64 -- the reference of a paged decode loop: W_uk folded into
+    each query (`mla.absorb_query`), `paged_reference` over the cached [latent ; k_rope], W_uv on its output.
+    q_nope (B, S, H, nope), q_rope (B, S, H, rope), w_uk (H, nope, kv_lora), w_uv (H, kv_lora, v_dim); scale
+    defaults to 1 / sqrt(nope + rope). Returns (B, S, H, v_dim)."""
+    B, S, H, nope = q_nope.shape
+    if q_rope.shape[:3] != (B, S, H) or w_uk.dim() != 3 or w_uk.shape[:2] != (H, nope):
+        raise ValueError(f"q_nope {tuple(q_nope.shape)}, q_rope {tuple(q_rope.shape)} and w_uk {tuple(w_uk.shape)} "
+                         f"must be (B, S, H, nope), (B, S, H, rope) and (H, nope, kv_lora)")
+    q_lat = mla.absorb_query(q_nope.double().reshape(B * S, H, nope), w_uk.double()).reshape(B, S, H, -1)
+    scale = scale if scale is not None else 1.0 / math.sqrt(nope + q_rope.shape[3])
+    o, _ = paged_reference(torch.cat([q_lat, q_rope.double()], -1), kv_cache.double(), block_table, seq_lens,
+                           w_uk.shape[2], scale)
+    return torch.einsum("bshc,hcv->bshv", o, w_uv.double())
+
+
 def paged_attention(q, kv_cache, block_table, seq_lens, head_dim_v: int, scale: float, causal: bool = True):
     """The same in PyTorch, all sequences at once (gathered and padded to the longest), in q's dtype: out only."""
     B, S_q, H, Dk = q.shape
@@ -126,6 +153,84 @@ def paged_attention(q, kv_cache, block_table, seq_lens, head_dim_v: int, scale: 
     return torch.einsum("bsht,btv->bshv", torch.softmax(scores, dim=-1), kv[..., :head_dim_v])
 
 
+# ---------------------------------------------------------------- the split plan, the row blocks, the counts
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """The work items of one decode step: items (I, 4) int32 rows [sequence, first page, end page, split index],
+    splits (B,) int32 (items per sequence), pages per item (the run length the plan aimed at)."""
+    items: torch.Tensor
+    splits: torch.Tensor
+    pages_per_item: int
+
+    @property
+    def max_splits(self) -> int:
+        return int(self.splits.max())
+
+    def to(self, device) -> "SplitPlan":
+        return SplitPlan(self.items.to(device), self.splits.to(device), self.pages_per_item)
+
+
+def plan_splits(seq_lens, page: int, row_blocks: int = 1, programs: int = 264, num_splits: int | None = None):
+    """Cut every sequence's pages into runs for the split kernel. Balanced (default): the batch's pages over about
+    programs / row_blocks runs of equal length, so each program does about the same work whatever the lengths (264:
+    2 per SM of an H100). `num_splits=n`: runs of ceil(longest / n) pages -- uniform splits sized by the longest
+    sequence, as before (a short sequence gets fewer runs, none empty). A sequence's runs differ by at most a page.
+    Computed on the host once per step; every layer of that step can reuse it (`mla_decode(..., plan=)`)."""
+    lens = [int(n) for n in (seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens)]
+    whole("page", page), whole("row_blocks", row_blocks), whole("programs", programs)
+    if not lens or min(lens) < 1:
+        raise ValueError(f"seq_lens={lens[:8]} is not allowed; allowed: at least one sequence, each >= 1 token")
+    pages = [-(-n // page) for n in lens]
+    if num_splits is not None:
+        chunk = -(-max(pages) // whole("num_splits", num_splits))
+    else:
+        chunk = max(1, -(-sum(pages) // max(1, -(-programs // row_blocks))))
+    items, splits = [], []
+    for b, n in enumerate(pages):
+        k = -(-n // chunk)
+        edges = [n * i // k for i in range(k + 1)]
+        items += [[b, edges[i], edges[i + 1], i] for i in range(k)]
+        splits.append(k)
+    return SplitPlan(torch.tensor(items, dtype=torch.int32), torch.tensor(splits, dtype=torch.int32), chunk)
+
+
+def default_block_h(rows: int) -> int:
+    """64 query rows per program where the step has that many (FlashMLA's block), else the rows rounded up to a
+    power of two (at least 16, Triton's smallest dot)."""
+    whole("rows", rows)
+    return 64 if rows >= 64 else max(16, 1 << (rows - 1).bit_length())
+
+
+def kv_reads(heads: int, s_q: int = 1, block_h: int | None = None) -> int:
+    """Times one decode step reads the KV cache: one read per block of query rows, ceil(heads x s_q / block_h)
+    (DeepSeek-V3, 128 heads: 2 at 64 rows, 4 with MTP's 2 tokens; 8 and 16 at 16 rows)."""
+    rows = whole("heads", heads) * whole("s_q", s_q)
+    return -(-rows // whole("block_h", block_h or default_block_h(rows)))
+
+
+def bytes_moved(seq_lens, heads: int, s_q: int, head_dim_k: int, head_dim_v: int, elem_bytes: int,
+                kv_reads: int = 1) -> int:
+    """HBM bytes of one decode call: every cached token's head_dim_k values `kv_reads` times (default once: the
+    bytes FlashMLA's GB/s counts, whatever the kernel re-reads), the queries and the outputs."""
+    lens = [int(n) for n in seq_lens]
+    kv = sum(lens) * head_dim_k * elem_bytes * whole("kv_reads", kv_reads)
+    return kv + len(lens) * s_q * heads * (head_dim_k + head_dim_v) * elem_bytes
+
+
+def flops(seq_lens, heads: int, s_q: int, head_dim_k: int, head_dim_v: int) -> int:
+    """2 x rows x keys x (Dk + Dv) per sequence (causal masking of the last s_q - 1 keys ignored, as FlashMLA does)."""
+    return sum(2 * s_q * heads * int(n) * (head_dim_k + head_dim_v) for n in seq_lens)
+
+
+def kv_intensity(rows: int, head_dim_k: int = 576, head_dim_v: int = 512, elem_bytes: int = 2) -> float:
+    """FLOPs per byte of KV read by one pass of `rows` query rows: 2 x rows x (Dk + Dv) / (Dk x bytes) (V3, BF16:
+    1.89 per row, 242 for 128 heads, 484 with MTP)."""
+    return 2 * whole("rows", rows) * (head_dim_k + head_dim_v) / (head_dim_k * elem_bytes)
+
+
+# ---------------------------------------------------------------- the Triton kernels
+
 _kernels: dict = {}
 
 
@@ -137,33 +242,34 @@ def _build_kernels() -> dict:
     import triton.language as tl
 
     @triton.jit
-    def mla_split_kernel(Q, KV, BT, SEQ, OP, LP, qk_scale, stride_qb, stride_qr, stride_kb, stride_kt, stride_btb,
-                         stride_opb, stride_opr, stride_ops, stride_lpb, stride_lpr, R, H, S_Q, PAGES_PER_SPLIT,
+    def mla_split_kernel(Q, KV, BT, SEQ, ITEMS, OP, LP, qk_scale, stride_qb, stride_qr, stride_kb, stride_kt,
+                         stride_btb, stride_opb, stride_opr, stride_ops, stride_lpb, stride_lpr, R, H, S_Q,
                          D_LAT: tl.constexpr, D_ROPE: tl.constexpr, PAGE: tl.constexpr, BLOCK_H: tl.constexpr,
                          BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
-        b = tl.program_id(0)
-        sp = tl.program_id(2)
+        item = ITEMS + tl.program_id(1) * 4          # [sequence, first page, end page, split]
+        b = tl.load(item).to(tl.int64)
+        sp = tl.load(item + 3)
         seq_len = tl.load(SEQ + b)
-        rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        rows = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)   # axis 0: the row blocks of one run side by side
         row_ok = rows < R
         d_lat = tl.arange(0, D_LAT)
         d_rope = tl.arange(0, D_ROPE)
-        q_ptr = Q + b.to(tl.int64) * stride_qb + rows[:, None] * stride_qr
+        q_ptr = Q + b * stride_qb + rows[:, None] * stride_qr
         q_lat = tl.load(q_ptr + d_lat[None, :], mask=row_ok[:, None], other=0.0)
         q_rope = tl.load(q_ptr + D_LAT + d_rope[None, :], mask=row_ok[:, None], other=0.0)
         if CAUSAL:  # row r is query s = r // H, at position seq_len - S_Q + s
             limit = seq_len - S_Q + rows // H + 1
         else:
             limit = seq_len + rows * 0
-        start = sp * PAGES_PER_SPLIT * PAGE
-        end = tl.minimum(start + PAGES_PER_SPLIT * PAGE, seq_len)
+        start = tl.load(item + 1) * PAGE
+        end = tl.minimum(tl.load(item + 2) * PAGE, seq_len)
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, D_LAT], dtype=tl.float32)
         for t0 in range(start, end, BLOCK_N):
             cols = t0 + tl.arange(0, BLOCK_N)
             col_ok = cols < end
-            block = tl.load(BT + b.to(tl.int64) * stride_btb + t0 // PAGE).to(tl.int64)
+            block = tl.load(BT + b * stride_btb + t0 // PAGE).to(tl.int64)
             kv_ptr = KV + block * stride_kb + ((t0 % PAGE) + tl.arange(0, BLOCK_N))[:, None] * stride_kt
             k_lat = tl.load(kv_ptr + d_lat[None, :], mask=col_ok[:, None], other=0.0)   # key and value
             k_rope = tl.load(kv_ptr + D_LAT + d_rope[None, :], mask=col_ok[:, None], other=0.0)
@@ -181,90 +287,120 @@ def _build_kernels() -> dict:
         has = l_i > 0
         l_safe = tl.where(has, l_i, 1.0)
         lse = tl.where(has, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-        op = OP + b.to(tl.int64) * stride_opb + rows[:, None] * stride_opr + sp * stride_ops + d_lat[None, :]
+        op = OP + b * stride_opb + rows[:, None] * stride_opr + sp * stride_ops + d_lat[None, :]
         tl.store(op, acc / l_safe[:, None], mask=row_ok[:, None])
-        tl.store(LP + b.to(tl.int64) * stride_lpb + rows * stride_lpr + sp, lse, mask=row_ok)
+        tl.store(LP + b * stride_lpb + rows * stride_lpr + sp, lse, mask=row_ok)
 
     @triton.jit
-    def mla_combine_kernel(OP, LP, O, L, stride_opb, stride_opr, stride_ops, stride_lpb, stride_lpr, stride_ob,
-                           stride_or, stride_lb, R, NUM_SPLITS, D_V: tl.constexpr, BLOCK_R: tl.constexpr):
-        b = tl.program_id(0).to(tl.int64)
-        rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    def mla_combine_kernel(OP, LP, SPLITS, O, L, stride_opb, stride_opr, stride_ops, stride_lpb, stride_lpr,
+                           stride_ob, stride_or, stride_lb, R, D_V: tl.constexpr, BLOCK_R: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        b = tl.program_id(1).to(tl.int64)
+        n = tl.load(SPLITS + b)                              # this sequence's splits (only those were written)
         ok = rows < R
         d = tl.arange(0, D_V)
         lp = LP + b * stride_lpb + rows * stride_lpr
         op = OP + b * stride_opb + rows[:, None] * stride_opr + d[None, :]
         m = tl.load(lp, mask=ok, other=0.0)
-        for s in range(1, NUM_SPLITS):
+        for s in range(1, n):
             m = tl.maximum(m, tl.load(lp + s, mask=ok, other=0.0))
-        total = tl.exp(tl.load(lp, mask=ok, other=0.0) - m)   # an empty split has lse -inf: weight exp(-inf) = 0
+        m_safe = tl.where(m == float("-inf"), 0.0, m)       # a row no split saw (cannot happen causally): 0 / 0
+        total = tl.exp(tl.load(lp, mask=ok, other=0.0) - m_safe)
         acc = total[:, None] * tl.load(op, mask=ok[:, None], other=0.0)
-        for s in range(1, NUM_SPLITS):
-            w = tl.exp(tl.load(lp + s, mask=ok, other=0.0) - m)
+        for s in range(1, n):
+            w = tl.exp(tl.load(lp + s, mask=ok, other=0.0) - m_safe)   # an empty run has lse -inf: weight 0
             total += w
             acc += w[:, None] * tl.load(op + s * stride_ops, mask=ok[:, None], other=0.0)
         tl.store(O + b * stride_ob + rows[:, None] * stride_or + d[None, :], (acc / total[:, None]).to(
             O.dtype.element_ty), mask=ok[:, None])
-        tl.store(L + b * stride_lb + rows, m + tl.log(total), mask=ok)
+        tl.store(L + b * stride_lb + rows, m_safe + tl.log(total), mask=ok)
 
     _kernels.update(split=mla_split_kernel, combine=mla_combine_kernel)
     return _kernels
 
 
-def default_warps(block_n: int) -> int:
-    return 8 if block_n >= 64 else 4
+# A GPU launch per row block: (block_n, num_warps), chosen by compiling for sm_90 (`compile_for_gpu`, no GPU
+# needed; Triton 3.9): the fewest register spills, then the largest tile. 16 and 32 rows compile without spills; 64
+# rows spill at every launch tried (416 spill stores at the fewest: a 64 x 512 FP32 accumulator and the 64 x 576
+# query held in registers, where FlashMLA splits the accumulator over two warpgroups). Not timed here: whether 64
+# rows' fewer reads outweigh the spills is what the benchmark's block_h sweep measures on a GPU.
+GPU_LAUNCH = {16: (32, 8), 32: (32, 8), 64: (16, 8)}
+COMBINE_ROWS = 16   # rows per combine program, whatever BLOCK_H: 16 x 512 FP32 fits its registers (64 rows spill)
 
 
-def compile_for_gpu(arch: int = 90, block_h: int = 16, block_n: int = 64, num_warps: int | None = None,
-                    num_stages: int = 2, head_dim_v: int = 512, rope: int = 64, page: int = 64, dtype: str = "bf16"):
-    """Compile the split kernel ahead of time for compute capability `arch` with no GPU present (Triton's NVIDIA
-    backend; TRITON_INTERPRET unset in this process). Returns Triton's compiled kernel: `.metadata.shared` bytes,
-    and `common.kernels.attention.registers_and_spills` gives registers and spills."""
+def default_launch(block_h: int, page: int, cuda: bool) -> tuple:
+    """(block_n, num_warps): on a GPU, GPU_LAUNCH's (block_n at most the page); under the interpreter, tiles of 32
+    tokens (at most the page; on the workbook's 2-core CPU VM the interpreter ran them faster than 16 or 64) and 4
+    warps (which it ignores)."""
+    if not cuda:
+        return min(32, page), 4
+    block_n, warps = GPU_LAUNCH.get(block_h, (32, 4))
+    return min(block_n, page), warps
+
+
+def compile_for_gpu(arch: int = 90, block_h: int = 16, block_n: int | None = None, num_warps: int | None = None,
+                    num_stages: int = 2, head_dim_v: int = 512, rope: int = 64, page: int = 64, dtype: str = "bf16",
+                    kernel: str = "split"):
+    """Compile the split kernel (or, kernel="combine", the combine kernel at COMBINE_ROWS rows and 4 warps) ahead of
+    time for compute capability `arch` with no GPU present (Triton's NVIDIA backend; TRITON_INTERPRET unset in this
+    process); block_n and num_warps default to `default_launch`'s GPU choice. Returns Triton's compiled kernel:
+    `.metadata.shared` bytes, and `common.kernels.attention.registers_and_spills` gives registers and spills."""
     import os
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compile_for_gpu needs TRITON_INTERPRET unset: run it in a process without the interpreter")
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    launch = default_launch(block_h, page, cuda=True)
     ptr = f"*{dtype}"
-    signature = {"Q": ptr, "KV": ptr, "BT": "*i32", "SEQ": "*i32", "OP": "*fp32", "LP": "*fp32", "qk_scale": "fp32"}
+    if kernel == "combine":
+        signature = {"OP": "*fp32", "LP": "*fp32", "SPLITS": "*i32", "O": ptr, "L": "*fp32"}
+        signature.update({n: "i32" for n in ("stride_opb", "stride_opr", "stride_ops", "stride_lpb", "stride_lpr",
+                                             "stride_ob", "stride_or", "stride_lb", "R")})
+        signature.update({"D_V": "constexpr", "BLOCK_R": "constexpr"})
+        src = ASTSource(fn=_build_kernels()["combine"], signature=signature,
+                        constexprs={"D_V": head_dim_v, "BLOCK_R": COMBINE_ROWS},
+                        attrs={(i,): [["tt.divisibility", 16]] for i in range(5)})
+        return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4, "num_stages": 2})
+    signature = {"Q": ptr, "KV": ptr, "BT": "*i32", "SEQ": "*i32", "ITEMS": "*i32", "OP": "*fp32", "LP": "*fp32",
+                 "qk_scale": "fp32"}
     signature.update({n: "i32" for n in ("stride_qb", "stride_qr", "stride_kb", "stride_kt", "stride_btb", "stride_opb",
-                                         "stride_opr", "stride_ops", "stride_lpb", "stride_lpr", "R", "H", "S_Q",
-                                         "PAGES_PER_SPLIT")})
-    constexprs = {"D_LAT": head_dim_v, "D_ROPE": rope, "PAGE": page, "BLOCK_H": block_h, "BLOCK_N": block_n,
-                  "CAUSAL": True, "PRECISION": "ieee" if dtype == "fp32" else "tf32"}
+                                         "stride_opr", "stride_ops", "stride_lpb", "stride_lpr", "R", "H", "S_Q")})
+    constexprs = {"D_LAT": head_dim_v, "D_ROPE": rope, "PAGE": page, "BLOCK_H": block_h,
+                  "BLOCK_N": block_n or launch[0], "CAUSAL": True, "PRECISION": "ieee" if dtype == "fp32" else "tf32"}
     signature.update({n: "constexpr" for n in constexprs})
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}     # torch allocations are 16-byte aligned
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}     # torch allocations are 16-byte aligned
     src = ASTSource(fn=_build_kernels()["split"], signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": num_warps or default_warps(block_n), "num_stages": num_stages})
+                          options={"num_warps": num_warps or launch[1], "num_stages": num_stages})
 
 
-def default_splits(batch: int, row_blocks: int, max_pages: int, programs: int = 264) -> int:
-    """Splits of the KV length so that batch x row blocks x splits reaches about `programs` (264: 2 per SM of an
-    H100; the interpreter, which runs programs one after another, asks for 4), at most one split per page."""
-    return max(1, min(max_pages, -(-programs // (batch * row_blocks))))
+def _pow2(name: str, v: int) -> None:
+    if v < 16 or v & (v - 1):
+        raise ValueError(f"{name}={v} is not allowed; allowed: a power of two >= 16 (a Triton tile)")
 
 
 def mla_decode(q, kv_cache, block_table, seq_lens, head_dim_v: int = 512, scale: float | None = None,
-               num_splits: int | None = None, block_h: int = 16, block_n: int | None = None, causal: bool = True,
-               check: bool = True, num_warps: int | None = None, num_stages: int = 2) -> tuple:
+               num_splits: int | None = None, block_h: int | None = None, block_n: int | None = None,
+               causal: bool = True, check: bool = True, num_warps: int | None = None, num_stages: int = 2,
+               plan: SplitPlan | None = None) -> tuple:
     """Paged MLA decoding with split-KV and combine (see the module docstring). Returns (out, lse).
 
-    Dk - head_dim_v (the RoPE part) and head_dim_v must be powers of two of at least 16 (Triton's tiles); block_n
-    divides the page (default: the whole page). `check=False` skips the host-side validation (one device sync).
-    num_warps / num_stages: the split kernel's launch (a 64 x 576 BF16 tile is 72 KB of shared memory a stage; the
-    default, 8 warps for 64-token tiles and 4 for smaller ones, compiles for sm_90 without spills: `compile_for_gpu`)."""
+    Dk - head_dim_v (the RoPE part) and head_dim_v must be powers of two of at least 16 (Triton's tiles).
+    block_h: query rows per program (default `default_block_h`: 64 where the step has 64 rows); block_n: tokens per
+    tile, dividing the page (default `default_launch`); num_splits: uniform runs sized by the longest sequence
+    instead of the balanced plan; plan: a `plan_splits` result to reuse (one per step for every layer).
+    `check=False` skips the host-side validation (one device sync)."""
     if check:
         B, S_q, H, Dk, page = check_paged(q, kv_cache, block_table, seq_lens, head_dim_v)
     else:
         (B, S_q, H, Dk), page = q.shape, kv_cache.shape[1]
-    d_rope = Dk - head_dim_v
-    for name, v in (("head_dim_v", head_dim_v), ("head_dim_k - head_dim_v", d_rope), ("block_h", block_h)):
-        if v < 16 or v & (v - 1):
-            raise ValueError(f"{name}={v} is not allowed; allowed: a power of two >= 16 (a Triton tile)")
-    block_n = block_n or page
-    num_warps = num_warps or default_warps(block_n)
+    R = S_q * H
+    block_h = block_h or default_block_h(R)
+    for name, v in (("head_dim_v", head_dim_v), ("head_dim_k - head_dim_v", Dk - head_dim_v), ("block_h", block_h)):
+        _pow2(name, v)
+    launch = default_launch(block_h, page, q.is_cuda)
+    block_n = block_n or launch[0]
     if block_n < 16 or block_n & (block_n - 1) or page % block_n:
         raise ValueError(f"block_n={block_n} is not allowed; allowed: a power of two >= 16 that divides the page "
                          f"({page})")
@@ -273,42 +409,29 @@ def mla_decode(q, kv_cache, block_table, seq_lens, head_dim_v: int = 512, scale:
     if not q.is_contiguous() or kv_cache.stride(2) != 1:
         raise ValueError("q must be contiguous and kv_cache contiguous in its last dimension")
     scale = scale if scale is not None else 1.0 / math.sqrt(Dk)
-    R = S_q * H
-    max_pages = block_table.shape[1]
     row_blocks = -(-R // block_h)
-    splits = num_splits or default_splits(B, row_blocks, max_pages, 264 if q.is_cuda else 4)
-    whole("num_splits", splits)
-    pages_per_split = -(-max_pages // splits)
+    if plan is None:
+        plan = plan_splits(seq_lens.cpu(), page, row_blocks, 264 if q.is_cuda else 4, num_splits)
+    elif plan.splits.shape != (B,):
+        raise ValueError(f"plan has {plan.splits.shape[0]} sequences; the batch has {B}")
+    plan = plan.to(q.device)
     q2 = q.reshape(B, R, Dk)
     seq = seq_lens.to(device=q.device, dtype=torch.int32)
     bt = block_table.to(device=q.device, dtype=torch.int32)
-    o_part = torch.empty(B, R, splits, head_dim_v, device=q.device, dtype=torch.float32)
-    l_part = torch.empty(B, R, splits, device=q.device, dtype=torch.float32)
+    o_part = torch.empty(B, R, plan.max_splits, head_dim_v, device=q.device, dtype=torch.float32)
+    l_part = torch.empty(B, R, plan.max_splits, device=q.device, dtype=torch.float32)
     k = _build_kernels()
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    k["split"][(B, row_blocks, splits)](
-        q2, kv_cache, bt, seq, o_part, l_part, scale * LOG2E, q2.stride(0), q2.stride(1), kv_cache.stride(0),
-        kv_cache.stride(1), bt.stride(0), o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0),
-        l_part.stride(1), R, H, S_q, pages_per_split, D_LAT=head_dim_v, D_ROPE=d_rope, PAGE=page, BLOCK_H=block_h,
-        BLOCK_N=block_n, CAUSAL=causal, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
+    k["split"][(row_blocks, plan.items.shape[0])](
+        q2, kv_cache, bt, seq, plan.items, o_part, l_part, scale * LOG2E, q2.stride(0), q2.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), bt.stride(0), o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        l_part.stride(0), l_part.stride(1), R, H, S_q, D_LAT=head_dim_v, D_ROPE=Dk - head_dim_v, PAGE=page,
+        BLOCK_H=block_h, BLOCK_N=block_n, CAUSAL=causal, PRECISION=precision, num_warps=num_warps or launch[1],
+        num_stages=num_stages)
     out = torch.empty(B, R, head_dim_v, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, R, device=q.device, dtype=torch.float32)
-    k["combine"][(B, row_blocks)](o_part, l_part, out, lse, o_part.stride(0), o_part.stride(1), o_part.stride(2),
-                                  l_part.stride(0), l_part.stride(1), out.stride(0), out.stride(1), lse.stride(0),
-                                  R, splits, D_V=head_dim_v, BLOCK_R=block_h)
+    k["combine"][(-(-R // COMBINE_ROWS), B)](o_part, l_part, plan.splits, out, lse, o_part.stride(0),
+                                             o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
+                                             out.stride(0), out.stride(1), lse.stride(0), R, D_V=head_dim_v,
+                                             BLOCK_R=COMBINE_ROWS)
     return out.reshape(B, S_q, H, head_dim_v), lse.reshape(B, S_q, H)
-
-
-def bytes_moved(seq_lens, heads: int, s_q: int, head_dim_k: int, head_dim_v: int, elem_bytes: int,
-                block_h: int = 16) -> int:
-    """HBM bytes one decode call must move: every cached token once per block of query rows (once when all rows fit
-    one block, as in FlashMLA), the queries and the outputs."""
-    lens = [int(n) for n in seq_lens]
-    row_blocks = -(-(s_q * heads) // block_h)
-    kv = sum(lens) * head_dim_k * elem_bytes * row_blocks
-    return kv + len(lens) * s_q * heads * (head_dim_k + head_dim_v) * elem_bytes
-
-
-def flops(seq_lens, heads: int, s_q: int, head_dim_k: int, head_dim_v: int) -> int:
-    """2 x rows x keys x (Dk + Dv) per sequence (causal masking of the last s_q - 1 keys ignored, as FlashMLA does)."""
-    return sum(2 * s_q * heads * int(n) * (head_dim_k + head_dim_v) for n in seq_lens)

@@ -141,6 +141,32 @@ def attention_cost(batch: int, heads: int, seq: int, head_dim: int, dtype="bf16"
     return Cost(bh * (4 * s * s * d + SOFTMAX_FLOPS_PER_ELEMENT * s * s), bh * (4 * s * d + 4 * s * s) * b)
 
 
+OP_SHAPES = {"vector_add": ("n",), "gemm": ("m", "n", "k"), "softmax": ("rows", "cols"),
+             "layernorm": ("rows", "cols"), "attention": ("batch", "heads", "seq", "head_dim")}
+_OP_COSTS = {"vector_add": vector_add_cost, "gemm": gemm_cost, "softmax": softmax_cost,
+             "layernorm": layernorm_cost, "attention": attention_cost}
+
+
+def op_cost(op: str, shape, dtype="bf16") -> Cost:
+    """The Cost of operation `op` (a key of OP_SHAPES) on `shape`, the tuple of its dimensions in OP_SHAPES order."""
+    if op not in OP_SHAPES:
+        raise ValueError(f"op={op!r} is not an operation here; allowed: {', '.join(OP_SHAPES)}")
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    if len(shape) != len(OP_SHAPES[op]):
+        raise ValueError(f"shape={shape!r} for {op} must be ({', '.join(OP_SHAPES[op])})")
+    return _OP_COSTS[op](*shape, dtype)
+
+
+def predict_op(op: str, shape, dtype, peak_flops: float, bandwidth: float) -> dict:
+    """The roofline's prediction for one operation on one roof (peak FLOP/s, bandwidth B/s): its FLOPs, minimum
+    bytes, intensity, bound, attainable FLOP/s and time in seconds (FLOPs / attainable, i.e. the slower of
+    FLOPs / peak and bytes / bandwidth). The reference of lab 02's predictor exercise."""
+    cost = op_cost(op, shape, dtype)
+    rate = attainable(cost.intensity, peak_flops, bandwidth)
+    return {"flops": cost.flops, "bytes": cost.bytes, "intensity": cost.intensity,
+            "bound": bound(cost.intensity, peak_flops, bandwidth), "attainable": rate, "seconds": cost.flops / rate}
+
+
 def decode_gemm_intensity(batch: int, k: int, n: int, dtype="bf16") -> float:
     """Intensity of a decode-time matmul: `batch` token vectors (batch x k) times a weight (k x n)."""
     return gemm_cost(batch, n, k, dtype).intensity

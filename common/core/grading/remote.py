@@ -86,6 +86,15 @@ def write_back(orig, new) -> None:
     if isinstance(orig, tuple) and isinstance(new, tuple) and len(orig) == len(new):
         for o, n in zip(orig, new):
             write_back(o, n)
+        return
+    import dataclasses
+    if dataclasses.is_dataclass(orig) and type(new) is type(orig) and not orig.__dataclass_params__.frozen:
+        for f in dataclasses.fields(orig):       # a mutable dataclass of `common` (a cache's state): field by field
+            o, n = getattr(orig, f.name), getattr(new, f.name)
+            if _replaceable(o, n):
+                setattr(orig, f.name, n)
+            else:
+                write_back(o, n)
 
 
 def _replaceable(o, n) -> bool:
@@ -109,12 +118,15 @@ class RemoteFunction:
     def __call__(self, *args, **kwargs):
         return self.remote_call(args, kwargs)[0]
 
-    def remote_call(self, args: tuple, kwargs: dict | None = None, references=()):
-        """(result, names of the references it called, name of the reference it IS or None)."""
+    def remote_call(self, args: tuple, kwargs: dict | None = None, references=(), allowed=None):
+        """(result, names of the references it called -- and, when `allowed` is given (a list, maybe empty), of the
+        workbook's library functions it called that `allowed` does not name -- name of the reference it IS or
+        None)."""
         kwargs = dict(kwargs or {})
         refs = [_reference_spec(r) for r in references]
         msg = {"op": "call", "arg": self.index, "args": codec.encode(list(args), self.handles),
-               "kwargs": codec.encode(kwargs, self.handles), "refs": refs}
+               "kwargs": codec.encode(kwargs, self.handles), "refs": refs,
+               "allowed": None if allowed is None else [str(a)[:200] for a in allowed][:50]}
         self._callback_error = None
         reply = self.endpoint.request(msg)
         for path, value in reply.get("mutated", []):

@@ -19,6 +19,7 @@ from common.systems.capstone import experts as ex
 from common.systems.capstone.config import BASELINE, BlockConfig, Version
 
 COMPONENTS = ("norm", "mla_proj", "attention_core", "gate", "routed_experts", "shared_expert")
+LAYERS = {"loop": ex.moe_loop_forward, "sorted": ex.moe_sorted_forward, "grouped": ex.moe_grouped_forward}
 
 
 def make_params(cfg: BlockConfig, seed: int = 0, device: str = "cpu", dtype=None) -> dict:
@@ -139,9 +140,9 @@ class Block:
             h = norm(x, p["norm2"], cfg.eps).reshape(b * n, d)
         return x, h
 
-    def forward(self, x: torch.Tensor, version: Version = BASELINE, moe_fn=None) -> torch.Tensor:
-        """The block on x [B, N, H]. `moe_fn` replaces the version's routed-expert layer (same signature as
-        `experts.moe_grouped_forward`)."""
+    def forward(self, x: torch.Tensor, version: Version = BASELINE, layers=None) -> torch.Tensor:
+        """The block on x [B, N, H]. `layers` ({"sorted": fn, "grouped": fn}) replaces the workbook's routed-expert
+        layer of that kind (a learner's; same signature as `experts.moe_grouped_forward`)."""
         cfg, p = self.cfg, self.params
         rf = torch.profiler.record_function
         x, h = self.attend(x, version)
@@ -151,7 +152,7 @@ class Block:
         if version.log_loss:
             self.log.append(torch.bincount(indices.reshape(-1), minlength=cfg.experts).tolist())
         with rf("routed_experts"):
-            layer = moe_fn or (ex.moe_loop_forward if version.moe == "loop" else ex.moe_grouped_forward)
+            layer = (layers or {}).get(version.moe) or LAYERS[version.moe]
             y = layer(h, weights, indices, p["w_gate"], p["w_up"], p["w_down"], ex.swiglu)
         with rf("shared_expert"):
             y = y + ex.ffn(h, p["s_gate"], p["s_up"], p["s_down"])
@@ -174,10 +175,10 @@ def norm_for(version: Version):
     return rmsnorm_eager if version.norm == "eager" else rmsnorm_fused
 
 
-def step(block: Block, x: torch.Tensor, version: Version = BASELINE, moe_fn=None) -> torch.Tensor:
+def step(block: Block, x: torch.Tensor, version: Version = BASELINE, layers=None) -> torch.Tensor:
     """One training step's compute: forward, loss = <out, probe>, backward (gradients land in block.params)."""
     block.zero_grad()
-    out = block.forward(x, version, moe_fn)
+    out = block.forward(x, version, layers)
     loss = (out * block.probe).sum()
     if version.log_loss:
         loss_value = loss.item()  # logging the loss every step: a host sync

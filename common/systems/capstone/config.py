@@ -9,7 +9,8 @@ ranks its costs as a V3 layer's FLOPs and bytes rank them (routed experts, atten
 A `Version` says which implementation each part of the step uses. `BASELINE` is naive in the ways released code
 is (Hugging Face's DeepSeek training branch loops over experts with boolean masks; eager attention materialises
 the scores and adds a causal mask built every step; RMSNorm written out; the loss logged with `.item()` every
-step). `CANDIDATES` are the changes lab 12 tries, in the order its profile ranks them.
+step). `CANDIDATES` are the changes lab 12 tries, in the order its profile ranks them; `as_dict` / `from_dict`
+carry a version to `python -m common.systems.capstone` (the kept one, for nsys).
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def config_for(profile: str) -> BlockConfig:
     return QUICK if profile == "quick" else FULL
 
 
-MOE = ("loop", "grouped")
+MOE = ("loop", "sorted", "grouped")
 ATTENTION = ("eager", "sdpa")
 NORM = ("eager", "fused")
 
@@ -83,7 +84,7 @@ class Version:
     """Which implementation each part of the step uses."""
 
     name: str
-    moe: str = "loop"  # "loop": per expert, boolean masks (HF's training branch); "grouped": one batched GEMM
+    moe: str = "loop"  # "loop": boolean masks (HF's training branch); "sorted": contiguous slices; "grouped": bmm
     attention: str = "eager"  # "eager": scores materialised, mask added; "sdpa": fused, causal, no mask
     norm: str = "eager"  # "eager": RMSNorm written out; "fused": torch.nn.functional.rms_norm
     log_loss: bool = True  # read the loss and the expert load on the host every step (.item(), .tolist())
@@ -95,13 +96,15 @@ class Version:
 
 
 BASELINE = Version("baseline")
-CANDIDATES = (("grouped experts", {"moe": "grouped"}), ("SDPA attention", {"attention": "sdpa"}),
-              ("fused RMSNorm", {"norm": "fused"}), ("no per-step host sync", {"log_loss": False}))
+CANDIDATES = (("sorted dispatch", {"moe": "sorted"}), ("grouped GEMM", {"moe": "grouped"}),
+              ("SDPA attention", {"attention": "sdpa"}), ("fused RMSNorm", {"norm": "fused"}),
+              ("no per-step host sync", {"log_loss": False}))
+FIELDS = ("moe", "attention", "norm", "log_loss")
 
 
 def apply(version: Version, name: str, change: dict) -> Version:
     """`version` with one candidate change applied, named "+ name"."""
-    unknown = set(change) - {"moe", "attention", "norm", "log_loss"}
+    unknown = set(change) - set(FIELDS)
     if unknown:
         raise ValueError(f"change={change!r} sets unknown fields {sorted(unknown)}")
     return replace(version, name=f"+ {name}", **change)
@@ -113,3 +116,15 @@ def all_applied(candidates=CANDIDATES) -> Version:
     for name, change in candidates:
         v = apply(v, name, change)
     return replace(v, name="all changes")
+
+
+def as_dict(version: Version) -> dict:
+    """A version as plain data (what lab 12 writes for `python -m common.systems.capstone --version kept`)."""
+    return {"name": version.name, **{f: getattr(version, f) for f in FIELDS}}
+
+
+def from_dict(data: dict) -> Version:
+    unknown = set(data) - set(FIELDS) - {"name"}
+    if unknown:
+        raise ValueError(f"a version has no fields {sorted(unknown)}; fields: name, {', '.join(FIELDS)}")
+    return Version(**data)

@@ -8,6 +8,11 @@ its own [H, F] and [F, H] matrices). The layers take the gate's `weights` and `i
   run the expert and write the rows back (`y[mask] = expert(x[mask])`), and sum the k results weighted. Every mask
   is a host sync (the row count; the mask is built twice per expert, as there), and in the backward every `x[mask]` and `y[mask] = ...` writes a gradient the
   size of ALL T x k rows: E full-size zero-fills and additions per step -- the hidden cost a profile finds.
+- `moe_sorted_forward` is the inference branch of the same code (`DeepseekV2MoE.moe_infer`) made trainable: sort
+  the T x k assignments by expert once (lab 06's `dispatch_plan`), read the per-expert counts on the host ONCE,
+  run each expert on its contiguous slice of the sorted rows and combine. No masks, one host read; still 3 x E
+  small GEMMs forward. Each expert's weights are taken with one `unbind` (indexing `w[e]` in the loop would give
+  every use a full-size gradient of its own).
 - `moe_grouped_forward` sorts the T x k assignments by expert (lab 06's `dispatch_plan`), lays each expert's rows
   into its own slot of a zero-padded [E, capacity, H] buffer (capacity = the busiest expert's count) and runs each
   weight as ONE batched GEMM (`torch.bmm`) over all experts, then gathers and combines. The padding is wasted work
@@ -43,6 +48,16 @@ def moe_loop_forward(x, weights, indices, w_gate, w_up, w_down, act=swiglu):
     for e in range(len(gates)):  # as written there: the mask built twice, each use a host sync
         y[flat == e] = ffn(xs[flat == e], gates[e], ups[e], downs[e], act)
     return (y.view(t, k, -1) * weights.unsqueeze(-1).to(y.dtype)).sum(dim=1)
+
+
+def moe_sorted_forward(x, weights, indices, w_gate, w_up, w_down, act=swiglu):
+    """Sorted dispatch: each expert runs once on its contiguous slice of the sorted rows (one host read); [T, H]."""
+    t, _ = indices.shape
+    plan = moe.dispatch_plan(indices, w_gate.shape[0])
+    rows = moe.dispatch(x, plan)
+    gates, ups, downs = w_gate.unbind(0), w_up.unbind(0), w_down.unbind(0)
+    outs = [ffn(r, gates[e], ups[e], downs[e], act) for e, r in enumerate(rows.split(plan.counts.tolist()))]
+    return moe.combine(torch.cat(outs), plan, weights, t)
 
 
 def padded_slots(plan: moe.DispatchPlan, experts: int) -> tuple[torch.Tensor, int]:

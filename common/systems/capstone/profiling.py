@@ -1,18 +1,27 @@
-"""Profiling the step, and what the profiler itself costs.
+"""Profiling the step, and what the profiler itself costs, measured warm.
 
 `profile_step` runs one step under `torch.profiler` (CPU activity, plus CUDA on a GPU; no shapes, no stacks: the
 lean configuration) inside `record_function("step")`, writes the Chrome trace and reads it back with
 `common.core.traces`: the profiled step's duration, each component's time and operator count, the idle share.
-The profiler's native `USDT ... profiler_start/stop` lines are captured, not printed.
 
 The profiler is not free: each operator it records costs it time, so a profiled step is slower than an unprofiled
-one, and the extra time lands where the operators are. `overhead_per_op` measures it (profiled minus unprofiled
-step, over the operators recorded); `corrected_share` takes it out of one component's profiled time; `amdahl`
-bounds a change's speed-up from a share.
+one, and the extra time lands where the operators are. Its FIRST step is slower still: the profiler starts up (a
+cold profile once read 3x the step; warm ones 1.1-1.3x). `profiler_overhead` measures it the way a profiling
+session runs: one `torch.profiler` with a schedule of `wait=1, warmup=1, active=1` repeated `rounds` times, every
+step timed -- the wait steps run unprofiled, the warm-up step absorbs the start-up, the active step is the profiled
+one -- so profiled and unprofiled steps alternate at the same moment of the machine. The FIRST round's profiled
+step still pays the start-up (a warm-up step records nothing, so it cannot absorb it): that round is the warm-up
+round, kept apart (`cold`); the ratio of each later round's active step to its wait step, median over the rounds,
+is the overhead. `corrected_share` takes the profiler's cost
+out of one component's profiled time; `amdahl` bounds a change's speed-up from a share.
+The profiler's native `USDT ... profiler_start/stop` lines are captured, not printed.
 """
 from __future__ import annotations
 
 import math
+import statistics
+import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,45 +62,116 @@ class StepProfile:
         out["other"] = 1.0 - sum(out.values())
         return out
 
+    def with_gaps(self, component: str) -> float:
+        """The component's operator time plus its part of the host's gaps between operators (us; the gaps split
+        among the components by their operator counts): what the component costs the profiled step."""
+        t = self.times[component]
+        return t["us"] + self.idle_share * self.profiled_us * t["ops"] / self.ops
 
-def profile_step(block: Block, x: torch.Tensor, version: Version, path, moe_fn=None, warmup: bool = True,
-                 components=COMPONENTS) -> StepProfile:
-    """Profile one step (after a warm-up step unless `warmup=False`), write its Chrome trace to `path`, read it."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-    if warmup:
-        step(block, x, version, moe_fn)
-    cuda = x.device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with measurement.native_stderr_captured():
-        with profile(activities=activities) as prof:
-            with record_function("step"):
-                step(block, x, version, moe_fn)
-                if cuda:
-                    torch.cuda.synchronize()
-        prof.export_chrome_trace(str(path))
+
+def read_profile(path, components=COMPONENTS) -> StepProfile:
+    """The StepProfile of a Chrome trace holding one `record_function("step")` range."""
     events = traces.load_trace(path)
     window = traces.find_window(events, "step")
     ops = [e for e in traces.of_category(events, "cpu_op") if window[0] <= e["ts"] <= window[1]]
-    return StepProfile(path, window, traces.component_times(events, window, components),
+    return StepProfile(Path(path), window, traces.component_times(events, window, components),
                        traces.idle_share(ops, window), len(events), ops)
 
 
-def profiled_and_unprofiled(block: Block, x: torch.Tensor, version: Version, path, n: int = 3, moe_fn=None,
-                            sync=lambda: None) -> tuple[list, list]:
-    """n unprofiled step times (s) and n profiles of the same step, taken alternately (so a drifting machine slows
-    both alike): what the profiler adds, measured at one moment. The profiles are written to `path` in turn."""
-    import time
-    step(block, x, version, moe_fn)  # warm-up
-    times, profiles = [], []
-    for _ in range(n):
-        start = time.perf_counter()
-        step(block, x, version, moe_fn)
-        sync()
-        times.append(time.perf_counter() - start)
-        profiles.append(profile_step(block, x, version, path, moe_fn, warmup=False))
-    return times, profiles
+def _activities(x: torch.Tensor):
+    from torch.profiler import ProfilerActivity
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if x.device.type == "cuda" else [])
+
+
+def _profiled_step(block, x, version, layers):
+    with torch.profiler.record_function("step"):
+        step(block, x, version, layers)
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+def profile_step(block: Block, x: torch.Tensor, version: Version, path, layers=None, warmup: bool = True,
+                 components=COMPONENTS) -> StepProfile:
+    """Profile one step (after an unprofiled warm-up step unless `warmup=False`), write its Chrome trace to `path`,
+    read it. One profile, started cold: for the profiler's cost use `profiler_overhead`."""
+    from torch.profiler import profile
+    if warmup:
+        step(block, x, version, layers)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with measurement.native_stderr_captured():
+        with profile(activities=_activities(x)) as prof:
+            _profiled_step(block, x, version, layers)
+        prof.export_chrome_trace(str(path))
+    return read_profile(path, components)
+
+
+@dataclass
+class Overhead:
+    """`profiler_overhead`'s measurement: step times (s) by round, and each round's profile."""
+
+    unprofiled: list
+    profiled: list
+    profiles: list = field(repr=False)
+    cold: float = float("nan")  # the warm-up round's profiled / unprofiled step: the profiler's start-up in it
+
+    @property
+    def ratios(self) -> list:
+        return [p / u for p, u in zip(self.profiled, self.unprofiled)]
+
+    @property
+    def ratio(self) -> float:
+        """Median over the rounds of profiled / unprofiled step."""
+        return statistics.median(self.ratios)
+
+    @property
+    def unprofiled_s(self) -> float:
+        return statistics.median(self.unprofiled)
+
+    @property
+    def profile(self) -> StepProfile:
+        """The round whose profiled step is the median one."""
+        order = sorted(range(len(self.profiles)), key=lambda i: self.profiled[i])
+        return self.profiles[order[len(order) // 2]]
+
+
+def profiler_overhead(block: Block, x: torch.Tensor, version: Version, path, rounds: int = 3, layers=None,
+                      sync=lambda: None, components=COMPONENTS) -> Overhead:
+    """What the profiler adds to a step, warm: 1 + `rounds` cycles of (unprofiled, warm-up, profiled) steps under
+    one profiler schedule, each step timed; the first cycle is the warm-up round (its ratio kept as `cold`); each
+    later round's profiled trace is written to `path` (numbered) and read."""
+    from torch.profiler import profile, schedule
+    if not (isinstance(rounds, int) and rounds >= 1):
+        raise ValueError(f"rounds={rounds!r} must be an int >= 1")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    cycles = []
+
+    def on_ready(prof):
+        cycles.append(None)
+        if len(cycles) == 1:
+            return  # the warm-up round: its profile holds the start-up
+        out = path.with_name(f"{path.stem}_{len(written)}{path.suffix}")
+        prof.export_chrome_trace(str(out))
+        written.append(out)
+
+    step(block, x, version, layers)  # warm-up, unprofiled
+    sync()
+    times = {"wait": [], "warmup": [], "active": []}
+    with measurement.native_stderr_captured(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
+        with profile(activities=_activities(x), schedule=schedule(wait=1, warmup=1, active=1, repeat=rounds + 1),
+                     on_trace_ready=on_ready) as prof:
+            for i in range(3 * (rounds + 1)):
+                start = time.perf_counter()
+                _profiled_step(block, x, version, layers)
+                sync()
+                times[("wait", "warmup", "active")[i % 3]].append(time.perf_counter() - start)
+                prof.step()
+    cold = times["active"][0] / times["wait"][0]
+    return Overhead(times["wait"][1:], times["active"][1:], [read_profile(p, components) for p in written], cold)
 
 
 def busy_shares(profiles, components=COMPONENTS) -> dict:

@@ -8,9 +8,9 @@ from common.systems.capstone.block import Block, step
 from common.systems.capstone.config import BASELINE, Version
 
 
-def outputs_and_grads(block: Block, x: torch.Tensor, version: Version = BASELINE, moe_fn=None) -> dict:
+def outputs_and_grads(block: Block, x: torch.Tensor, version: Version = BASELINE, layers=None) -> dict:
     """{"out": output, "grad.<param>": gradient, ...} of one step, detached copies: what equivalence compares."""
-    out = step(block, x, version, moe_fn)
+    out = step(block, x, version, layers)
     result = {"out": out.clone()}
     for name, t in block.params.items():
         result[f"grad.{name}"] = None if t.grad is None else t.grad.detach().clone()
@@ -53,10 +53,10 @@ def worst_relative_errors(ref: dict, got: dict) -> dict:
     return out
 
 
-def verify(block: Block, x: torch.Tensor, version: Version, ref: dict, rtol: float = 1e-4, moe_fn=None) -> float:
+def verify(block: Block, x: torch.Tensor, version: Version, ref: dict, rtol: float = 1e-4, layers=None) -> float:
     """The worst relative error of `version` against the baseline's `ref`; raises AssertionError (naming the tensor)
     when it is not equivalent -- a wrong step is never timed."""
-    got = outputs_and_grads(block, x, version, moe_fn)
+    got = outputs_and_grads(block, x, version, layers)
     errors = worst_relative_errors(ref, got)
     if not equivalent(ref, got, rtol):
         worst = max(errors, key=lambda k: errors[k] if errors[k] == errors[k] else float("inf"))

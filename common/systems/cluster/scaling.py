@@ -216,10 +216,11 @@ class TrainingPlan:
     gpus_to_hold_state: int
 
     def rows(self) -> list[tuple[str, str]]:
-        return [("training FLOPs (6ND)", f"{self.flops:.3g}"),
-                ("GPU-hours", f"{self.gpu_hours:.3g}"),
+        from common.core.claims import readable
+        return [("training FLOPs (6ND)", readable(self.flops)),
+                ("GPU-hours", readable(self.gpu_hours)),
                 (f"days on {self.gpus:,} x {self.gpu_id}", f"{self.days:,.1f}"),
-                ("cost (USD)", f"{self.cost_usd:.3g}"),
+                ("cost (USD)", readable(self.cost_usd)),
                 ("energy (MWh, GPU TDP only)", f"{self.energy_mwh:,.0f}"),
                 ("weights (TB)", f"{self.weights_tb:,.1f}"),
                 ("training state (TB)", f"{self.state_tb:,.1f}"),
@@ -248,12 +249,35 @@ def plan_training(params, tokens, gpu_id: str = "GB200", gpus: int = 100_000, mf
 
 # ---------------------------------------------------------------- lab 10's planning explorer
 
-# the explorer's controls: (low, high, step) sliders and option lists, as widgets.explore takes them
-PLAN_CONTROLS = {"params_t": (1.0, 200.0, 1.0), "tokens_t": (1.0, 200.0, 1.0), "active_pct": (1.0, 100.0, 1.0),
+# the explorer's controls: (low, high, step) sliders and option lists, as widgets.explore takes them. The steps are
+# fine enough to type a real run's figures into a slider's box exactly (DeepSeek-V3: 0.671T parameters, 14.8T
+# tokens, 5.51% active, 2,048 GPUs; an MFU to 0.01)
+PLAN_CONTROLS = {"params_t": (0.001, 1000.0, 0.001), "tokens_t": (0.1, 1000.0, 0.1), "active_pct": (0.01, 100.0, 0.01),
                  "precision": ["bf16", "fp8", "fp4"], "gpu": ["GB200", "B200", "H100-SXM", "H800-SXM"],
-                 "gpus": (1_000, 1_000_000, 1_000), "mfu": (0.05, 1.0, 0.05), "usd_per_gpu_hour": (0.5, 10.0, 0.5)}
+                 "gpus": (8, 1_000_000, 1), "mfu": (0.01, 1.0, 0.01), "usd_per_gpu_hour": (0.01, 20.0, 0.01)}
 PLAN_DEFAULTS = {"params_t": 100.0, "tokens_t": 29.0, "active_pct": 100.0, "precision": "bf16", "gpu": "GB200",
                  "gpus": 100_000, "mfu": 0.4, "usd_per_gpu_hour": 2.0}
+_READOUT = {"params_t": ".3f", "tokens_t": ".1f", "active_pct": ".2f", "mfu": ".2f", "usd_per_gpu_hour": ".2f"}
+
+
+def plan_controls() -> dict:
+    """The explorer's controls as widgets whose boxes show every digit a step allows (a slider's default shows two
+    decimals: 0.671 would read 0.67), so a typed value reads as typed; the plain specs without ipywidgets."""
+    try:
+        import ipywidgets
+    except ImportError:
+        return dict(PLAN_CONTROLS)
+    out = {}
+    for name, spec in PLAN_CONTROLS.items():
+        if not isinstance(spec, tuple):
+            out[name] = spec
+        elif isinstance(spec[2], int):
+            out[name] = ipywidgets.IntSlider(value=PLAN_DEFAULTS[name], min=spec[0], max=spec[1], step=spec[2],
+                                             description=name)
+        else:
+            out[name] = ipywidgets.FloatSlider(value=PLAN_DEFAULTS[name], min=spec[0], max=spec[1], step=spec[2],
+                                               readout_format=_READOUT[name], description=name)
+    return out
 
 
 def snap_controls(values: dict, controls: dict = PLAN_CONTROLS) -> dict:

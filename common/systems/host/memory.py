@@ -140,3 +140,28 @@ def saved_activation_bytes(fn, *args) -> tuple[object, int]:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn(*args)
     return out, total["bytes"]
+
+
+def step_cpu_ms(variants: dict, x, rounds: int = 3, steps: int = 3) -> dict:
+    """Median CPU milliseconds of one training step (forward, `.sum().backward()`) of each variant {name: fn} on x,
+    on ONE thread, the variants interleaved round by round: CPU time (time.process_time) of one thread is what the
+    step costs, which the machine's other load moves far less than it moves wall-clock time."""
+    import statistics
+    import time
+
+    import torch
+    if rounds < 1 or steps < 1:
+        raise ValueError(f"rounds={rounds} and steps={steps} must be >= 1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        samples: dict = {name: [] for name in variants}
+        for _ in range(rounds):
+            for name, fn in variants.items():
+                start = time.process_time()
+                for _ in range(steps):
+                    fn(x).sum().backward()
+                samples[name].append((time.process_time() - start) / steps * 1e3)
+    finally:
+        torch.set_num_threads(threads)
+    return {name: statistics.median(v) for name, v in samples.items()}

@@ -7,13 +7,22 @@ Per GPU, per layer, a micro-batch of b tokens runs four parts (two micro-batches
   attention at the roofline of the measured ceilings (FlashMLA: 3,000 GB/s, 660 TFLOP/s) -- over the KV cache in
   decode (MQA mode, 576 / 512), over the prompt in prefill (MHA mode, 192 / 128, causal);
 - dispatch (network): each token's FP8 hidden vector to its 8 experts; combine: the BF16 outputs back
-  (`common.systems.cluster.topology.ep_all_to_all_seconds`, labs 07 and 13) -- decode on DeepEP's low-latency kernels (pure
-  RDMA, one copy per expert, no SMs: `dedup=False`, DeepEP's measured bandwidth), prefill on the normal kernels
+  (`common.systems.cluster.topology.ep_all_to_all_seconds`, labs 07 and 13) -- decode on DeepEP's low-latency kernels
+  (pure RDMA, one copy per expert, no SMs: `dedup=False`, DeepEP's measured bandwidth), prefill on the normal kernels
   (one IB copy per node, forwarded over NVLink; they take `comm_sms` of the 132 SMs);
 - experts (SMs): this GPU's routed experts as one grouped GEMM (tokens spread evenly over the replicas, EPLB's
   goal) and the shared expert.
 The two micro-batches alternate on two resources, the SMs and the network (`common.parallel.overlap`), so one's
 all-to-all runs while the other computes. Facts: data/deepseek_v3_service.json (`fact`, `source`).
+
+Scenarios beyond the stated inputs (their defaults leave the model as stated):
+- MTP (decode, `draft_tokens` 1, `acceptance` an input; the V3 report measured 85-90% for the second token): every
+  request verifies its draft, so the main model runs 1 + draft rows per request (the GEMMs, the all-to-all and the
+  head on twice the tokens; the core attention reads each cache ONCE for both rows), the MTP module adds one more
+  MoE layer over those rows and its output head, and a step yields 1 + acceptance x draft tokens per request;
+- prefill with cache hits charged (`cached_prefix_kv_b`, `storage_gibs`): the cached prefix's latents must be
+  up-projected by kv_b too (MHA mode attends over them), and loaded from 3FS first -- read at `storage_gibs` per
+  node, in series with the step (`storage_overlap` hides it behind the step instead).
 """
 from __future__ import annotations
 
@@ -130,6 +139,11 @@ class Inputs:
     layer_overhead_us: float = 0.0  # per layer and micro-batch, for work the model does not list (0 as stated)
     network_latency_us: float = 0.0  # alpha of each dispatch and combine (lab 07's alpha-beta model; 0 as stated)
     gpu_id: str = "H800-SXM"
+    draft_tokens: int = 0           # decode: MTP's speculative tokens per request and step (V3: 1); 0: no MTP
+    acceptance: float = 0.0         # decode: share of draft tokens accepted (V3 report: 0.85-0.90)
+    cached_prefix_kv_b: bool = False  # prefill: charge kv_b on the cached prefix's latents too
+    storage_gibs: float = 0.0       # prefill: GiB/s per node the cached prefix is read from (3FS); 0: not charged
+    storage_overlap: bool = False   # prefill: the 3FS load hidden behind the step (else in series with it)
 
     @property
     def sm_share(self) -> float:
@@ -169,9 +183,25 @@ def check(x: Inputs) -> Inputs:
         raise ValueError(f"hit_rate={x.hit_rate!r} is not allowed; allowed: 0 <= hit_rate < 1")
     for name in ("hbm_gbs", "attention_tflops", "gemm_efficiency", "network_gbs", "nvlink_gbs"):
         number(name, getattr(x, name))
-    for name in ("layer_overhead_us", "network_latency_us"):
+    for name in ("layer_overhead_us", "network_latency_us", "storage_gibs"):
         number(name, getattr(x, name), strict=False)
+    whole("draft_tokens", x.draft_tokens, minimum=0)
+    if not 0 <= x.acceptance <= 1 or (x.acceptance and not x.draft_tokens):
+        raise ValueError(f"acceptance={x.acceptance!r} is not allowed; allowed: 0..1, and above 0 only with "
+                         f"draft_tokens >= 1 (draft_tokens={x.draft_tokens})")
+    if x.phase == "prefill" and x.draft_tokens:
+        raise ValueError(f"draft_tokens={x.draft_tokens} is not allowed in prefill; MTP is a decode scenario")
     return x
+
+
+def rows_per_request(x: Inputs) -> int:
+    """Query rows a decode step runs per request: 1, plus MTP's draft tokens to verify."""
+    return 1 + x.draft_tokens if x.phase == "decode" else 1
+
+
+def cached_tokens(x: Inputs, b: float) -> float:
+    """Prefill: the cached-prefix tokens behind b computed tokens (b x hit / (1 - hit))."""
+    return b * x.hit_rate / (1 - x.hit_rate)
 
 
 # ---------------------------------------------------------------- one layer of one micro-batch
@@ -184,22 +214,26 @@ def attention_parts(x: Inputs, b: float, cfg=None) -> dict:
     nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     g = dict(gemm_efficiency=x.gemm_efficiency, hbm_gbs=x.hbm_gbs)
     bf16 = dict(tflops=x.attention_tflops, gbs=x.hbm_gbs)
-    parts = {"q_a + kv_a": gemm_seconds(b, qr + kvr + rope, h, **g),
-             "q_b": gemm_seconds(b, nh * (nope + rope), qr, **g)}
+    rows = b * rows_per_request(x)                                     # tokens through the layer (MTP: verify too)
+    parts = {"q_a + kv_a": gemm_seconds(rows, qr + kvr + rope, h, **g),
+             "q_b": gemm_seconds(rows, nh * (nope + rope), qr, **g)}
     if x.phase == "decode":
-        absorb = roofline_seconds(2 * b * nh * nope * kvr, nh * kvr * nope * 2, **bf16)   # BF16 W_uk (W_uv alike)
+        absorb = roofline_seconds(2 * rows * nh * nope * kvr, nh * kvr * nope * 2, **bf16)   # BF16 W_uk (W_uv alike)
         parts["W_uk (absorbed into q)"] = absorb
-        kv = b * x.context * (kvr + rope) * 2
-        parts["core attention (MQA, KV cache)"] = roofline_seconds(2 * b * nh * x.context * (2 * kvr + rope), kv,
+        kv = b * x.context * (kvr + rope) * 2                           # each request's cache read once per step
+        parts["core attention (MQA, KV cache)"] = roofline_seconds(2 * rows * nh * x.context * (2 * kvr + rope), kv,
                                                                    **bf16)
         parts["W_uv (after attention)"] = absorb
     else:
         parts["kv_b (decompress)"] = gemm_seconds(b, nh * (nope + vd), kvr, **g)
+        if x.cached_prefix_kv_b and x.hit_rate:
+            parts["kv_b (cached prefix)"] = gemm_seconds(cached_tokens(x, b), nh * (nope + vd), kvr, **g)
         ctx = x.context * (1 + x.hit_rate) / 2                          # computed tokens sit after the cached prefix
         parts["core attention (MHA, causal)"] = roofline_seconds(2 * b * nh * ctx * (nope + rope + vd),
                                                                  b * nh * (nope + rope + vd) * 2 * 2, **bf16)
-    parts["o_proj"] = gemm_seconds(b, h, nh * vd, **g)
-    parts["router"] = roofline_seconds(2 * b * h * cfg["n_routed_experts"], h * cfg["n_routed_experts"] * 2, **bf16)
+    parts["o_proj"] = gemm_seconds(rows, h, nh * vd, **g)
+    parts["router"] = roofline_seconds(2 * rows * h * cfg["n_routed_experts"], h * cfg["n_routed_experts"] * 2,
+                                       **bf16)
     return parts
 
 
@@ -242,8 +276,17 @@ def lm_head_seconds(x: Inputs, b: float, cfg=None) -> float:
     context x (1 - hit_rate) computed tokens in prefill."""
     cfg = cfg or config()
     h, v = cfg["hidden_size"], cfg["vocab_size"]
-    rows = b if x.phase == "decode" else b / (x.context * (1 - x.hit_rate))
+    rows = b * rows_per_request(x) if x.phase == "decode" else b / (x.context * (1 - x.hit_rate))
     return roofline_seconds(2 * rows * h * v, h * v * 2, x.attention_tflops, x.hbm_gbs)
+
+
+def storage_seconds(x: Inputs, cfg=None) -> float:
+    """Prefill: seconds to read one step's cached prefixes from 3FS into a node (all its GPUs' micro-batches), at
+    storage_gibs per node; 0 when not charged."""
+    if x.phase != "prefill" or not x.storage_gibs or not x.hit_rate:
+        return 0.0
+    nbytes = cached_tokens(x, x.tokens_per_gpu) * kv_bytes_per_token(cfg) * fact("gpus_per_node")
+    return nbytes / (x.storage_gibs * 2 ** 30)
 
 
 # ---------------------------------------------------------------- the step
@@ -260,10 +303,20 @@ class Prediction:
     memory_gb: dict
 
     @property
+    def tokens_per_step(self) -> float:
+        """Decode: output tokens per request and step (1, or 1 + acceptance x draft with MTP); prefill: 1."""
+        return 1 + self.inputs.acceptance * self.inputs.draft_tokens
+
+    @property
     def tokens_per_s_per_gpu(self) -> float:
         """Decode: output tokens/s; prefill: input tokens/s with the cache hits (computed / (1 - hit rate))."""
         x = self.inputs
-        return x.tokens_per_gpu / self.step_s / (1 - x.hit_rate)
+        return x.tokens_per_gpu * self.tokens_per_step / self.step_s / (1 - x.hit_rate)
+
+    @property
+    def computed_tokens_per_s_per_node(self) -> float:
+        """Prefill: prompt tokens computed per second and node (the cache hits not counted); decode: as per node."""
+        return self.tokens_per_s_per_node * (1 - self.inputs.hit_rate)
 
     @property
     def tokens_per_s_per_node(self) -> float:
@@ -271,8 +324,8 @@ class Prediction:
 
     @property
     def per_user_tokens_per_s(self) -> float:
-        """Decode: one token per request per step."""
-        return 1.0 / self.step_s
+        """Decode: the tokens a request gets per step (one; with MTP 1 + acceptance x draft) over the step."""
+        return self.tokens_per_step / self.step_s
 
     @property
     def vs_reported(self) -> float:
@@ -285,13 +338,14 @@ def layer_chain(x: Inputs, b: float, cfg=None) -> tuple:
     cfg = cfg or config()
     C, N = overlap.COMPUTE, overlap.COMM
     share = x.sm_share
+    rows = b * rows_per_request(x)      # tokens through the experts and the all-to-all (MTP: the drafts too)
     attn = attention_parts(x, b, cfg)
-    experts = expert_parts(x, b, cfg)
-    a2a = all_to_all(x, b, cfg)
+    experts = expert_parts(x, rows, cfg)
+    a2a = all_to_all(x, rows, cfg)
     over = x.layer_overhead_us * 1e-6
     a = (sum(attn.values()) + over) / share
     e = sum(experts.values()) / share
-    dense = dense_ffn_seconds(x, b, cfg) / share
+    dense = dense_ffn_seconds(x, rows, cfg) / share
     chain = []
     for layer in range(cfg["num_hidden_layers"]):
         chain.append((f"L{layer} attention", C, a))
@@ -309,6 +363,13 @@ def layer_chain(x: Inputs, b: float, cfg=None) -> tuple:
         parts["unlisted work (layer_overhead_us)"] = over / share * L
     parts.update({"dense FFN": dense * cfg.dense_layers, "output head": head, "dispatch": a2a["dispatch"] * moe_l,
                   "combine": a2a["combine"] * moe_l})
+    if x.draft_tokens:                  # the MTP module: one more MoE layer over the step's rows, and its own head
+        mtp_head = head / rows_per_request(x) * x.draft_tokens
+        chain += [("MTP attention", C, a), ("MTP dispatch", N, a2a["dispatch"]), ("MTP experts", C, e),
+                  ("MTP combine", N, a2a["combine"]), ("MTP head", C, mtp_head)]
+        parts["MTP module (one MoE layer and its head)"] = a + e + mtp_head
+        parts["dispatch"] += a2a["dispatch"]
+        parts["combine"] += a2a["combine"]
     return chain, parts
 
 
@@ -320,7 +381,10 @@ def memory_gb(x: Inputs, cfg=None) -> dict:
     expert = models.ffn_params(h, cfg["moe_intermediate_size"])
     weights = (L * models.attention_params(cfg) + cfg.dense_layers * models.ffn_params(h, cfg["intermediate_size"])
                + cfg.moe_layers * (x.routed_per_gpu + cfg["n_shared_experts"]) * expert) + 2 * 2 * v * h
+    if x.draft_tokens:                  # the MTP module's layer: attention, shared expert, this GPU's routed experts
+        weights += models.attention_params(cfg) + (x.routed_per_gpu + cfg["n_shared_experts"]) * expert + 2 * h * h
     kv = x.tokens_per_gpu * x.context * kv_bytes_per_token(cfg) if x.phase == "decode" else 0.0
+    kv *= 1 + x.draft_tokens / L        # the MTP layer caches its own latent
     hbm = float(hardware.gpu(x.gpu_id).hbm_gb)
     return {"weights": weights / 1e9, "kv_cache": kv / 1e9, "total": (weights + kv) / 1e9, "hbm": hbm}
 
@@ -337,5 +401,48 @@ def predict(x: Inputs, cfg=None) -> Prediction:
     compute = x.micro_batches * sum(t for _, r, t in chain if r == overlap.COMPUTE)
     network = x.micro_batches * sum(t for _, r, t in chain if r == overlap.COMM)
     parts = {k: v * x.micro_batches for k, v in parts.items()}
-    return Prediction(x, overlap.makespan(spans), compute + network, compute, network, parts, spans,
-                      memory_gb(x, cfg))
+    step = overlap.makespan(spans)
+    load = storage_seconds(x, cfg)
+    if load:
+        parts["3FS load (cached prefix)"] = load
+        step = max(step, load) if x.storage_overlap else step + load
+    return Prediction(x, step, compute + network + load, compute, network, parts, spans, memory_gb(x, cfg))
+
+
+# ---------------------------------------------------------------- checks beside the model
+
+def decode_intensity_per_gpu(x: Inputs | None = None, cfg=None) -> dict:
+    """FLOPs per HBM byte of one decode step on ONE GPU of DeepSeek's layout, each request a new token through the
+    37B activated parameters (2 FLOPs each) and over its `context` cached tokens (2 x heads x (576 + 512) x layers
+    FLOPs per token): under DP attention and EP each GPU reads its OWN weights (`memory_gb`: ~24 GB) for its own
+    requests -- against the same FLOPs over the whole model's weights read once for the whole unit (tokens_per_gpu x
+    ep requests), the intensity the unit would have if one read of the 671 GB served every request. With the
+    H800's BF16 ridge (datasheet, dense) beside them."""
+    from common.kernels import roofline
+    x = x or decode_inputs()
+    cfg = cfg or config()
+    v3 = models.load_model_config("deepseek_v3")
+    active, total = v3.published["params_active"], v3.published["params_total"]
+    per_token = 2 * cfg["num_attention_heads"] * (cfg["kv_lora_rank"] * 2 + cfg["qk_rope_head_dim"]) * \
+        cfg["num_hidden_layers"]
+    flops = x.tokens_per_gpu * (2 * active + x.context * per_token)
+    kv = x.tokens_per_gpu * x.context * kv_bytes_per_token(cfg)
+    weights = memory_gb(x, cfg)["weights"] * 1e9
+    return {"per_gpu": flops / (weights + kv), "weights_read_once": flops * x.ep / (total + kv * x.ep),
+            "weights_gb_per_gpu": weights / 1e9, "requests_per_unit": x.tokens_per_gpu * x.ep,
+            "ridge_bf16": roofline.Roof.datasheet(x.gpu_id, "bf16").ridge}
+
+
+def deepep_low_latency_check(cfg=None) -> dict:
+    """The model's low-latency all-to-all (bytes over DeepEP's measured bandwidth, no latency term) at DeepEP's own
+    test setting -- 128 tokens, EP128, FP8 dispatch, BF16 combine -- beside the times DeepEP measured there. What is
+    left, measured - modelled, is the most a per-call latency (`network_latency_us`) can add in the model without
+    exceeding DeepEP's own measurement."""
+    x = decode_inputs(ep=128)
+    model = all_to_all(x, fact("deepep_ll_tokens"), cfg)
+    out = {}
+    for name in ("dispatch", "combine"):
+        measured = fact(f"deepep_ll_{name}_us_ep128")
+        out[name] = {"model_us": model[name] * 1e6, "measured_us": measured,
+                     "latency_room_us": measured - model[name] * 1e6}
+    return out

@@ -6,11 +6,13 @@ and V, causal SDPA); decode runs it absorbed, as MQA over the cached [latent ; R
 (`common.kernels.mla_decode.paged_attention`, what the Triton kernel computes on a GPU), one new token per sequence.
 `serve(model, requests, max_batch)` runs requests with continuous batching (a finished request's place is refilled at
 the next step) or static batching (a new batch only when the whole batch is done), greedy decoding, and times
-prefill and decode apart; `decode_step_seconds(model, batch, context)` times one decode step at a fixed batch.
+prefill and decode apart; `decode_step_seconds(model, batch, context)` times one decode step at a fixed batch, and
+`batch_speedup` the tokens/s a batch gains over batch 1, as a median over interleaved repeats with its spread.
 """
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -270,10 +272,10 @@ def _retire(running: dict, rid, cache: PagedKVCache, res: ServeResult, t: float)
     res.done.append(Done(rid, r.prompt.shape[0], toks, first, t))
 
 
-def decode_step_seconds(model: TinyMLA, batch: int, context: int, block_size: int = 16, min_run_time: float = 0.2,
-                        seed: int = 0) -> timing.Timing:
-    """The time of one decode step at a fixed batch: `batch` sequences of `context` cached tokens (random cache
-    rows: a step's cost depends on the shapes, not on the values), timed with common.core.timing.bench."""
+def decode_step(model: TinyMLA, batch: int, context: int, block_size: int = 16, seed: int = 0):
+    """A function that runs one decode step of `batch` sequences of `context` cached tokens (random cache rows: a
+    step's cost depends on the shapes, not on the values) and undoes it, so it can be timed again and again."""
+    whole("batch", batch), whole("context", context)
     g = torch.Generator().manual_seed(seed)
     cache = model.new_cache(batch * (-(-(context + 1) // block_size)), block_size)
     width = model.cfg.kv_lora + model.cfg.rope
@@ -287,4 +289,31 @@ def decode_step_seconds(model: TinyMLA, batch: int, context: int, block_size: in
         model.decode(tokens, cache, ids)
         for s in ids:
             cache.truncate(s, context)
-    return timing.bench(step, label=f"decode step, batch {batch}", device="cpu", min_run_time=min_run_time)
+    return step
+
+
+def decode_step_seconds(model: TinyMLA, batch: int, context: int, block_size: int = 16, min_run_time: float = 0.2,
+                        seed: int = 0) -> timing.Timing:
+    """The time of one decode step at a fixed batch (`decode_step`), timed with common.core.timing.bench."""
+    return timing.bench(decode_step(model, batch, context, block_size, seed), label=f"decode step, batch {batch}",
+                        device="cpu", min_run_time=min_run_time)
+
+
+def batch_speedup(model: TinyMLA, batch: int = 32, context: int = 128, blocks: int = 5, per_block: int = 7,
+                  seed: int = 0) -> dict:
+    """Decode tokens/s at `batch` over batch 1, as a median over `blocks` repeats with its spread: each repeat
+    times a step at batch 1 and at `batch` round-robin, `per_block` times each (`measurement.interleaved_samples`:
+    the machine's load hits both alike), and takes the ratio of their median tokens/s. Returns speedup (the median
+    ratio), low and high (the smallest and largest ratio), the ratios, and each batch's median step seconds."""
+    from common.core import measurement
+    whole("blocks", blocks), whole("per_block", per_block), whole("batch", batch, minimum=2)
+    steps = {1: decode_step(model, 1, context, seed=seed), batch: decode_step(model, batch, context, seed=seed)}
+    ratios, one, many = [], [], []
+    for _ in range(blocks):
+        t = measurement.interleaved_samples(steps, per_block)
+        t1, tb = statistics.median(t[1]), statistics.median(t[batch])
+        ratios.append(batch * t1 / tb)
+        one.append(t1)
+        many.append(tb)
+    return {"batch": batch, "speedup": statistics.median(ratios), "low": min(ratios), "high": max(ratios),
+            "ratios": ratios, "step_s_batch_1": statistics.median(one), "step_s_batch": statistics.median(many)}

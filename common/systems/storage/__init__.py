@@ -4,9 +4,13 @@ storage`); behind it:
   clear StorageError for an unwritable directory or a full disk), seeded files, the page cache (`mincore`) and how a
   file is evicted from it (fsync + posix_fadvise DONTNEED, or O_DIRECT);
 - `reads`: sequential reads from the page cache and from the device by block size and readers, random 4 KiB reads
-  (IOPS, latency percentiles);
-- `checkpoints`: torch.save + fsync, and torch.distributed.checkpoint sharded over gloo ranks with async_save
-  overlapping training steps (the hidden fraction of the write), each read back bit for bit;
+  at queue depth 1 and 4 (IOPS, latency percentiles), each a time-based sample, and the fio job that measures the
+  same;
+- `checkpoints`: DeepSeek's recipe of a training state, bit-for-bit comparison, and torch.distributed.checkpoint
+  sharded over gloo ranks with async_save overlapping training steps (the full profile), each read back bit for bit;
+- `writer`: a trainer's own checkpoints -- serialised in memory, written durably (fsync, atomic rename, the
+  directory fsynced), written by a background thread (lab 11's exercises 11.5 and 11.6), measured against the
+  blocking save (the serialiser's rate and the disk's apart, the exposed seconds unclipped, the staging apart);
 - `scale`: from one machine to 3FS's scale -- 3FS's published figures checked, DeepSeek-V3's checkpoint by lab 09/13's
   memory recipe, pre-training's token reads, the on-disk KV cache of DeepSeek's service (data/storage_3fs.json;
   the service's figures are lab 14's, data/deepseek_v3_service.json).
@@ -20,9 +24,7 @@ from common.systems.storage.checkpoints import (
     bitwise_mismatches,
     hidden_fraction,
     measure_async_checkpoint,
-    measure_torch_save,
     recipe_state,
-    save_with_fsync,
     start_checkpoint_ranks,
     state_bytes,
 )
@@ -43,7 +45,17 @@ from common.systems.storage.files import (
     scratch_dir,
     write_file,
 )
-from common.systems.storage.reads import COLD_METHODS, RandomReads, Read, random_reads, read_sequential, read_sweep
+from common.systems.storage.reads import (
+    COLD_METHODS,
+    RandomReads,
+    Read,
+    fio_command,
+    random_reads,
+    read_sequential,
+    read_sweep,
+    sample_random,
+    sample_sequential,
+)
 from common.systems.storage.scale import (
     GB,
     TIB,
@@ -62,4 +74,12 @@ from common.systems.storage.scale import (
     token_id_bytes,
     v3_checkpoint,
     v3_checkpoint_seconds,
+)
+from common.systems.storage.writer import (
+    AsyncCheckpointer,
+    measure_checkpoints,
+    save_checkpoint,
+    to_bytes,
+    train_step,
+    write_durably,
 )

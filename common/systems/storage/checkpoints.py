@@ -1,9 +1,8 @@
-"""Checkpoints written and read back, measured: `torch.save` with fsync, and `torch.distributed.checkpoint` (DCP)
-sharded over gloo ranks with `async_save` overlapping training steps.
+"""A training state in DeepSeek's recipe, compared bit for bit, and `torch.distributed.checkpoint` (DCP) sharded over
+gloo ranks with `async_save` overlapping training steps (lab 11 runs it in the full profile; a trainer's own
+checkpoints, serialised, written durably and in the background, are `writer`'s).
 
 What is measured:
-- `save_with_fsync`: `torch.save` into an open file (serialisation + copy into the page cache), then `fsync` (until
-  the device has the bytes): GB/s = file bytes / (save + fsync). Without the fsync a "write" only reaches memory.
 - `async_checkpoint_worker` (run by `measure_async_checkpoint` through `common.parallel.distributed.run_workers`):
   each rank holds its shard of a model (DTensors sharded on dim 0) in DeepSeek's recipe -- BF16 weights, FP32 master
   weights, BF16 AdamW moments (lab 09) -- and trains (`_train_step`: the accelerator's time, during which the host
@@ -18,18 +17,16 @@ What is measured:
 """
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from common.core.validate import number, whole
-from common.systems.storage.files import MIB, Scratch, StorageError, disk_full_is_clear
+from common.systems.storage.files import MIB, Scratch
 
 RECIPE = (("weight", torch.bfloat16), ("master", torch.float32), ("exp_avg", torch.bfloat16),
           ("exp_avg_sq", torch.bfloat16))  # 2 + 4 + 2 + 2 = 10 bytes per parameter
@@ -74,45 +71,6 @@ def bitwise_mismatches(got: dict, want: dict) -> list[str]:
                 a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)):
             bad.append(k)
     return bad
-
-
-def save_with_fsync(state: dict, path: str | Path) -> dict:
-    """torch.save into `path`, then fsync: seconds of each and the file's bytes. A full disk is a StorageError."""
-    with disk_full_is_clear(path):
-        with open(path, "wb") as f:
-            start = time.perf_counter()
-            try:
-                torch.save(state, f)
-                f.flush()
-            except RuntimeError as exc:  # torch's zip writer reports a failed write as a RuntimeError
-                if shutil.disk_usage(Path(path).parent).free < state_bytes(state):
-                    raise StorageError(errno.ENOSPC, f"disk full while writing {str(path)!r}: {exc}") from None
-                raise
-            saved = time.perf_counter()
-            os.fsync(f.fileno())
-            synced = time.perf_counter()
-    return {"save_s": saved - start, "fsync_s": synced - saved, "nbytes": os.path.getsize(path)}
-
-
-def measure_torch_save(scratch: Scratch, params: int, repeats: int = 3, seed: int = 0) -> dict:
-    """`repeats` torch.save + fsync of a recipe state of `params` parameters (each round a new file); the last file
-    is loaded back (from the page cache) and compared bit for bit. Returns the per-round seconds, GB/s (file bytes / (save + fsync)) and the verdict."""
-    whole("repeats", repeats)
-    state = recipe_state(params, seed)
-    nbytes = state_bytes(state)
-    scratch.reserve(nbytes + nbytes // 10 + MIB, "torch.save checkpoint")  # one file at a time, plus its zip records
-    rounds = []
-    path = scratch / "checkpoint.pt"
-    for _ in range(repeats):
-        if path.exists():
-            path.unlink()
-        rounds.append(save_with_fsync(state, path))
-    start = time.perf_counter()
-    back = torch.load(path, weights_only=True)
-    load_s = time.perf_counter() - start
-    gbps = [r["nbytes"] / (r["save_s"] + r["fsync_s"]) / 1e9 for r in rounds]
-    return {"state_bytes": nbytes, "file_bytes": rounds[-1]["nbytes"], "rounds": rounds, "gbps": gbps,
-            "gbps_median": statistics.median(gbps), "load_s": load_s, "mismatches": bitwise_mismatches(back, state)}
 
 
 # ---------------------------------------------------------------- DCP on gloo ranks

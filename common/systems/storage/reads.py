@@ -8,7 +8,10 @@ What each read measures (files and eviction: `files`):
   its readahead; method "o_direct" opens it with `O_DIRECT`, so every block is one device request and the page
   cache is bypassed. On a virtual machine the "device" is a virtual disk, which its host may cache.
 - **random 4 KiB**: distinct 4 KiB blocks in random order, readahead off (`POSIX_FADV_RANDOM`): cold, each read is one
-  device request; IOPS and latency percentiles.
+  device request; IOPS and latency percentiles. With `threads` synchronous readers, `threads` requests are in flight:
+  queue depth 1 or 4, as fio's `psync` engine with `numjobs` readers.
+- **time-based samples** (`sample_sequential`, `sample_random`, `read_sweep`): passes repeated until they add up to a
+  minimum time of reading, as fio's `time_based` runs; `fio_command` prints the fio job that measures the same.
 Each reader is a thread with its own file descriptor and a page-aligned buffer touched before the clock starts;
 `os.preadv` releases the GIL, so readers run in parallel. Times are wall-clock (`time.perf_counter`) around
 synchronous reads; GB = 1e9 bytes.
@@ -20,7 +23,6 @@ import errno
 import mmap
 import os
 import random
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -219,27 +221,81 @@ def random_reads(path: str | Path, reads: int, threads: int = 1, block_size: int
     return RandomReads(len(done), seconds, threads, block_size, method if cold else "page cache", resident, done)
 
 
-def read_sweep(path: str | Path, block_sizes, thread_counts, repeats: int = 3, method: str | None = "fadvise",
-               thread_block: int = MIB) -> list[dict]:
+def sample_sequential(path: str | Path, block_size: int, threads: int = 1, cold: bool = False,
+                      method: str = "fadvise", min_seconds: float = 2.0) -> list[Read]:
+    """Whole-file sequential reads (`read_sequential`) again and again until they add up to `min_seconds` of reading
+    (eviction between cold passes not counted): a time-based sample, as fio's `time_based` runs are."""
+    return _until(lambda: read_sequential(path, block_size, threads, cold, method), min_seconds)
+
+
+def _until(one, min_seconds: float) -> list:
+    if not min_seconds > 0:
+        raise ValueError(f"min_seconds={min_seconds!r} must be > 0")
+    out, total = [], 0.0
+    while total < min_seconds or not out:
+        out.append(one())
+        total += out[-1].seconds
+    return out
+
+
+def sample_random(path: str | Path, threads: int = 1, cold: bool = True, method: str = "fadvise",
+                  min_seconds: float = 2.0, block_size: int = 4 * KIB, seed: int = 0) -> RandomReads:
+    """Random reads of distinct blocks (`random_reads`), pass after pass over the file's blocks in a new random order
+    (cold: evicted again before each pass, so no block is read from the cache) until the passes add up to
+    `min_seconds` of reading; one RandomReads over all of them (IOPS = reads / reading seconds)."""
+    size = _check_read_args(path, block_size, threads, method)
+    blocks = max(threads, size // block_size)
+    seeds = iter(range(seed, seed + 1_000_000))
+    passes = _until(lambda: random_reads(path, blocks, threads, block_size, cold, method, next(seeds),
+                                         max_seconds=min_seconds), min_seconds)
+    return RandomReads(sum(p.reads for p in passes), sum(p.seconds for p in passes), threads, block_size,
+                       passes[0].method, max((p.resident_before or 0.0) for p in passes) if cold else
+                       passes[0].resident_before, [x for p in passes for x in p.latencies_us])
+
+
+def fio_command(kind: str, file_mib: int, seconds: float = 2.0) -> str:
+    """The fio job that measures what `kind` measures here, for a learner who has fio (on a file of `file_mib` MiB
+    it creates itself). "warm": sequential 1 MiB reads from the page cache; "cold": sequential 1 MiB reads from the
+    device (fio bypasses the cache with O_DIRECT, where this lab evicts and reads through the kernel's readahead);
+    "qd1" / "qd4": random 4 KiB reads, 1 or 4 synchronous readers (O_DIRECT: each read is one device request)."""
+    common = f"--filename=FILE --size={file_mib}m --ioengine=psync --time_based --runtime={seconds:g} --group_reporting"
+    jobs = {"warm": "--name=warm --rw=read --bs=1m --numjobs=1 --direct=0 --pre_read=1",
+            "cold": "--name=cold --rw=read --bs=1m --numjobs=1 --direct=1",
+            "qd1": "--name=rand4k_qd1 --rw=randread --bs=4k --numjobs=1 --iodepth=1 --direct=1",
+            "qd4": "--name=rand4k_qd4 --rw=randread --bs=4k --numjobs=4 --iodepth=1 --direct=1"}
+    if kind not in jobs:
+        raise ValueError(f"kind={kind!r}; allowed: {', '.join(jobs)}")
+    return f"fio {jobs[kind]} {common}"
+
+
+def read_sweep(path: str | Path, block_sizes, thread_counts, min_seconds: float = 2.0,
+               method: str | None = "fadvise", thread_block: int = MIB) -> list[dict]:
     """Sequential reads, warm and (if `method`) cold, for each block size with one thread and for each thread count
-    with `thread_block` blocks; `repeats` rounds, warm and cold interleaved inside each round so that the machine's
-    drift hits both alike. One row per configuration: median GB/s, the spread, the cache fraction before cold reads.
-    One reader with `thread_block` blocks is in both sweeps: it is measured once and shown in both."""
-    whole_in("repeats", repeats, 1, 50)
+    with `thread_block` blocks: each configuration a time-based sample of at least `min_seconds` of reading, warm
+    and cold passes alternating so that the machine's drift hits both alike. One row per configuration: GB/s over
+    the whole sample (bytes / reading seconds), the slowest and fastest pass, the passes, the cache fraction before
+    cold reads. One reader with `thread_block` blocks is in both sweeps: it is measured once and shown in both."""
+    if not min_seconds > 0:
+        raise ValueError(f"min_seconds={min_seconds!r} must be > 0")
     configs = [("block", b, 1) for b in block_sizes] + [("threads", thread_block, t) for t in thread_counts]
     kinds = [False] + ([True] if method else [])
     samples: dict = {}
-    for _ in range(repeats):
-        for block, threads in dict.fromkeys((block, threads) for _, block, threads in configs):
+    for block, threads in dict.fromkeys((block, threads) for _, block, threads in configs):
+        runs = {cold: [] for cold in kinds}
+        while min(sum(r.seconds for r in runs[c]) for c in kinds) < min_seconds:
             for cold in kinds:
-                r = read_sequential(path, block, threads, cold=cold, method=method or "fadvise")
-                samples.setdefault((block, threads, cold), []).append(r)
+                if sum(r.seconds for r in runs[cold]) < min_seconds:
+                    runs[cold].append(read_sequential(path, block, threads, cold=cold, method=method or "fadvise"))
+        for cold in kinds:
+            samples[(block, threads, cold)] = runs[cold]
     rows = []
     for (sweep, block, threads), cold in ((c, k) for c in configs for k in kinds):
         runs = samples[(block, threads, cold)]
         g = [r.gbps for r in runs]
         rows.append({"sweep": sweep, "block_size": block, "threads": threads,
-                     "read": f"device ({method})" if cold else "page cache", "gbps": statistics.median(g),
-                     "gbps_min": min(g), "gbps_max": max(g),
+                     "read": f"device ({method})" if cold else "page cache",
+                     "gbps": sum(r.nbytes for r in runs) / sum(r.seconds for r in runs) / 1e9,
+                     "gbps_min": min(g), "gbps_max": max(g), "passes": len(runs),
+                     "seconds": sum(r.seconds for r in runs),
                      "resident_before": max((r.resident_before or 0.0) for r in runs) if cold else None})
     return rows

@@ -77,25 +77,31 @@ def checkpoint_seconds(checkpoint_gb: float, ranks: int, nic_gbps: float, storag
 
 
 def v3_checkpoint() -> dict:
-    """DeepSeek-V3's checkpoint as lab 09's memory recipe stores it (v3model.memory_gb's bytes per parameter on the
-    whole model, MTP module included): BF16 weights and the optimizer state (FP32 master weights, BF16 AdamW
-    moments); gradients are not saved; the EMA of the weights, kept in CPU memory, is left out. Also the share of
-    one GPU of the 2,048, which must equal lab 13's per-GPU optimizer figure times the GPUs."""
+    """DeepSeek-V3's checkpoint as lab 09's memory recipe stores the state (v3model.memory_gb's bytes per parameter
+    on the whole model: its 671B parameters and the MTP module's 11.6B). To resume training it needs the optimizer
+    state: the FP32 master weights and the BF16 AdamW moments, 8 bytes per parameter (`resumable_gb`); the BF16
+    weights are a rounding of the master, so saving them too (10 bytes, `with_weights_gb`) only spares a cast at
+    load time. Gradients are not saved; the EMA of the weights, kept in CPU memory, is left out. Also each GPU's
+    share of the 2,048, the same optimizer state as lab 13's ZeRO-1 shard per GPU."""
     mem = topology.memory_per_gpu_gb(v3model.sketch(), topology.Layout(), weight_bytes=2,
                                      grad_bytes=v3model.fact("grad_bytes"),
                                      optimizer_bytes=v3model.fact("master_weight_bytes")
                                      + 2 * v3model.fact("adam_moment_bytes"))
     run = v3model.defaults()
     per_gpu = v3model.memory_gb(run)
-    gb = mem["weights"] + mem["optimizer"]
-    return {"params": mem["params_per_gpu_b"] * 1e9, "weights_gb": mem["weights"], "optimizer_gb": mem["optimizer"],
-            "checkpoint_gb": gb, "bytes_per_param": gb / mem["params_per_gpu_b"], "gpus": run.gpus,
-            "optimizer_gb_per_gpu": per_gpu["optimizer"], "checkpoint_gb_per_gpu": gb / run.gpus}
+    params = mem["params_per_gpu_b"] * 1e9
+    return {"params": params, "mtp_params": models.count_params(v3model.config())["mtp_total"],
+            "weights_gb": mem["weights"], "optimizer_gb": mem["optimizer"], "resumable_gb": mem["optimizer"],
+            "with_weights_gb": mem["weights"] + mem["optimizer"], "bytes_per_param": mem["optimizer"] * 1e9 / params,
+            "bytes_per_param_with_weights": (mem["weights"] + mem["optimizer"]) * 1e9 / params, "gpus": run.gpus,
+            "optimizer_gb_per_gpu": per_gpu["optimizer"], "resumable_gb_per_gpu": mem["optimizer"] / run.gpus}
 
 
-def v3_checkpoint_seconds(storage_bytes_s: float) -> float:
-    """Seconds to write DeepSeek-V3's checkpoint (v3_checkpoint) at `storage_bytes_s` bytes/s."""
-    return v3_checkpoint()["checkpoint_gb"] * GB / number("storage_bytes_s", storage_bytes_s)
+def v3_checkpoint_seconds(storage_bytes_s: float, with_weights: bool = False) -> float:
+    """Seconds to write DeepSeek-V3's resumable checkpoint (v3_checkpoint: 8 B/param; 10 with the BF16 weights) at
+    `storage_bytes_s` bytes/s."""
+    ck = v3_checkpoint()
+    return ck["with_weights_gb" if with_weights else "resumable_gb"] * GB / number("storage_bytes_s", storage_bytes_s)
 
 
 # ---------------------------------------------------------------- pre-training: can reading tokens bound it?

@@ -10,7 +10,9 @@ map onto the tables:
 - wgrad dW = dY^T X over the M tokens: DeepGEMM's weight-gradient table, whose rows are (K, N, tokens) -- the
   forward weight transposed, reduced over the tokens.
 The tables were measured with all 132 SMs of an H800; `sm_share` scales a rate to the SMs a kernel gets (112 while
-DeepEP's kernels hold 20). On another GPU the rate scales with its dense peak for that dtype (an assumption: the
+DeepEP's kernels hold 20). `generation="cutlass"`: the internal CUTLASS-based kernels DeepGEMM was measured against
+(the ones DeepSeek's trace ran) -- each forward row divided by its own `speedup_vs_internal_cutlass`, the wgrad rates
+by PR #95's ~20%. On another GPU the rate scales with its dense peak for that dtype (an assumption: the
 same efficiency), and memory-bound kernels run at its HBM bandwidth.
 
 Attention: FlashAttention-3's BF16 figures at the tabled sequence length nearest `seq` (4,096 is tabled), head dim
@@ -32,6 +34,7 @@ from common.facts import hardware
 RATES_PATH = REPO_ROOT / "data" / "kernel_rates.json"
 TABLE_GPU = "H800-SXM"       # where DeepGEMM measured its tables
 KINDS = ("fwd", "dgrad", "wgrad")
+GENERATIONS = ("deepgemm", "cutlass")
 
 
 @lru_cache(maxsize=1)
@@ -104,13 +107,18 @@ def peak_scale(gpu_id: str, dtype: str = "fp8") -> float:
     return _peak(gpu_id, dtype) / _peak(TABLE_GPU, dtype)
 
 
-def gemm_rate(m, n, k, kind: str = "fwd", groups: int = 1, sm_share: float = 1.0, gpu_id: str = TABLE_GPU) -> Rate:
+def gemm_rate(m, n, k, kind: str = "fwd", groups: int = 1, sm_share: float = 1.0, gpu_id: str = TABLE_GPU,
+              generation: str = "deepgemm") -> Rate:
     """DeepGEMM's FP8 rate for the forward, dgrad or wgrad GEMM of a linear layer Y[m, n] = X[m, k] W[n, k]^T
-    (grouped: `groups` experts of `m` rows each), at `sm_share` of the SMs of `gpu_id`."""
+    (grouped: `groups` experts of `m` rows each), at `sm_share` of the SMs of `gpu_id` (or, with
+    `generation="cutlass"`, the rate of the internal kernels DeepGEMM was measured against)."""
     m, n, k = (number(nm, v) for nm, v in (("m", m), ("n", n), ("k", k)))
     g = number("groups", groups)
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r} is not allowed; allowed: {', '.join(KINDS)}")
+    if generation not in GENERATIONS:
+        raise ValueError(f"generation={generation!r} is not allowed; allowed: {', '.join(GENERATIONS)}")
+    old = generation == "cutlass"
     scale = _share(sm_share) * peak_scale(gpu_id, "fp8")
     r = load_rates()
     if kind == "wgrad":
@@ -121,27 +129,38 @@ def gemm_rate(m, n, k, kind: str = "fwd", groups: int = 1, sm_share: float = 1.0
         else:
             row, d = _nearest(table["dense"], (k, n, m), lambda x: x[:3])
             name, tf = "wgrad dense", row[3]
+        tf = tf / table["speedup_vs_internal_cutlass"] if old else tf
     else:
         shape = (m, n, k) if kind == "fwd" else (m, k, n)
         table = r["deepgemm_fp8"]
         if groups > 1:
             row, d = _nearest(table["grouped_contiguous"], (g,) + shape, lambda x: x[:4])
-            name, tf = "grouped_contiguous", row[4]
+            name, tf = "grouped_contiguous", row[4] / (row[6] if old else 1)
         else:
             row, d = _nearest(table["normal"], shape, lambda x: x[:3])
-            name, tf = "normal", row[3]
+            name, tf = "normal", row[3] / (row[5] if old else 1)
+    name = f"{name} (internal CUTLASS)" if old else name
     return Rate(tf * scale, name, tuple(row), d, float(tf))
 
 
-def gemm_seconds(m, n, k, kind: str = "fwd", groups: int = 1, sm_share: float = 1.0, gpu_id: str = TABLE_GPU):
+def gemm_seconds(m, n, k, kind: str = "fwd", groups: int = 1, sm_share: float = 1.0, gpu_id: str = TABLE_GPU,
+                 generation: str = "deepgemm"):
     """(seconds, Rate) of that GEMM: 2 m n k x groups FLOPs at its published rate."""
-    rate = gemm_rate(m, n, k, kind, groups, sm_share, gpu_id)
+    rate = gemm_rate(m, n, k, kind, groups, sm_share, gpu_id, generation)
     return 2.0 * m * n * k * groups / (rate.tflops * 1e12), rate
 
 
-def bf16_gemm_rate(m, n, k, sm_share: float = 1.0, gpu_id: str = TABLE_GPU) -> Rate:
-    """BF16 GEMMs (router, output head): no BF16 table was published for these shapes, so the BF16 dense peak times
-    the fraction of the FP8 peak DeepGEMM reaches at the nearest forward shape."""
+def bf16_gemm_rate(m, n, k, sm_share: float = 1.0, gpu_id: str = TABLE_GPU, efficiency: float | None = None) -> Rate:
+    """BF16 GEMMs (router, output head). No BF16 GEMM rate was published for these shapes, so an assumption: by
+    default the BF16 dense peak times the fraction of the FP8 peak DeepGEMM reaches at the nearest forward shape (the
+    low end of lab 13's range); with `efficiency`, that fraction of the BF16 dense peak (the high end: 0.75, what
+    FlashAttention-3's BF16 kernels reach on the same SMs)."""
+    if efficiency is not None:
+        eff = number("efficiency", efficiency, meaning="a fraction of the BF16 dense peak in (0, 1]")
+        if eff > 1:
+            raise ValueError(f"efficiency={efficiency!r} is not allowed; allowed: a fraction in (0, 1]")
+        tf = eff * _peak(gpu_id, "bf16") * _share(sm_share)
+        return Rate(tf, f"bf16 at {eff:g} of its dense peak (assumed)", (), 0.0, eff * _peak(TABLE_GPU, "bf16"))
     fp8 = gemm_rate(m, n, k, "fwd", 1, 1.0, TABLE_GPU)
     eff = fp8.tabled_tflops / _peak(TABLE_GPU, "fp8")
     tf = eff * _peak(gpu_id, "bf16") * _share(sm_share)

@@ -62,6 +62,7 @@ class Inputs:
     gemm_scale: float = 1.0      # kernel model: x every published GEMM rate (1/1.2: the kernels DeepGEMM beat)
     hbm_efficiency: float = 1.0  # kernel model: share of the datasheet HBM bandwidth memory-bound kernels reach
     rows_factor: float | None = None   # kernel model: busiest EP rank's routed rows / mean (None: sampling floor)
+    judgement: tuple = ()        # kernel model: judgement calls, (v3kernels.Setup field, value) pairs
 
     @property
     def dp(self) -> int:
@@ -328,11 +329,12 @@ def setup(x: Inputs, rows_factor: float | None = None) -> v3kernels.Setup:
     """The kernel model's view of the run: one GPU's micro-batch, the SMs DeepEP takes, the links."""
     rf = rows_factor if rows_factor is not None else (x.rows_factor or ep_imbalance_floor(tokens=x.micro_batch_tokens,
                                                                                           ep=x.ep))
-    return v3kernels.Setup(tokens=x.micro_batch_tokens, seq=x.sequence_length, ep=x.ep, tp=x.tp, gpu_id=x.gpu_id,
-                           comm_sms=x.comm_sms, overlap=x.schedule == "dualpipe", rows_factor=rf,
-                           gemm_scale=x.gemm_scale, hbm_efficiency=x.hbm_efficiency, dispatch_gbs=x.ib_gbs,
-                           combine_gbs=x.ib_gbs, nvlink_gbs=x.nvlink_gbs, domain_gpus=x.domain_gpus,
-                           max_nodes=x.max_nodes, dedup=x.dedup)
+    return replace(v3kernels.Setup(tokens=x.micro_batch_tokens, seq=x.sequence_length, ep=x.ep, tp=x.tp,
+                                   gpu_id=x.gpu_id, comm_sms=x.comm_sms, overlap=x.schedule == "dualpipe",
+                                   rows_factor=rf, gemm_scale=x.gemm_scale, hbm_efficiency=x.hbm_efficiency,
+                                   dispatch_gbs=x.ib_gbs, combine_gbs=x.ib_gbs, nvlink_gbs=x.nvlink_gbs,
+                                   domain_gpus=x.domain_gpus, max_nodes=x.max_nodes, dedup=x.dedup),
+                   **dict(x.judgement))
 
 
 def pp_send_seconds(x: Inputs) -> float:

@@ -247,10 +247,11 @@ def durations(rows, pp_send: float = 0.0) -> pipeline.Durations:
     return pipeline.Durations(F=F, B=B, W=W, FB=FB, comm=pp_send)
 
 
-def trace_durations(prof, pp_send: float = 0.0) -> pipeline.Durations:
+def trace_durations(prof, pp_send: float = 0.0, transfer_scale: float = 1.0) -> pipeline.Durations:
     """pipeline.Durations from DeepSeek's trace (seconds). F&B: its measured step. F, B: a lone chunk -- the
     compute phases of that direction plus its DeepEP transfer kernels (dispatch and combine; the notify kernels are
-    left out: in the trace they spin while the overlapped peers catch up, which a lone chunk does not wait for).
+    left out: in the trace they spin while the overlapped peers catch up, which a lone chunk does not wait for),
+    times `transfer_scale` (below 1: a lone chunk's transfers faster than the overlapped ones the trace timed).
     W: the weight-gradient phases."""
     from common.systems.v3 import trace as deepseek_trace
     ph = deepseek_trace.phases(prof)
@@ -262,8 +263,8 @@ def trace_durations(prof, pp_send: float = 0.0) -> pipeline.Durations:
         return sum(ph[p]["classes"].get(c, 0.0) for p in names if p in ph
                    for c in ("deepep_dispatch", "deepep_combine")) / 1e3
 
-    F = busy(("attn(F)", "mlp(F)")) + transfer(("dispatch(F)", "combine(F)"))
-    B = busy(("mlp(B)", "mlp(W)", "attn(B)", "attn(W)")) + transfer(("dispatch(B)", "combine(B)"))
+    F = busy(("attn(F)", "mlp(F)")) + transfer_scale * transfer(("dispatch(F)", "combine(F)"))
+    B = busy(("mlp(B)", "mlp(W)", "attn(B)", "attn(W)")) + transfer_scale * transfer(("dispatch(B)", "combine(B)"))
     W = busy(("mlp(W)", "attn(W)"))
     return pipeline.Durations(F=F, B=B, W=W, FB=deepseek_trace.step_ms(prof) / 1e3, comm=pp_send)
 

@@ -12,7 +12,10 @@ from it -- what `scripts/derive_deepseek_profile.py` writes to data/deepseek_pro
     class_shares(prof)       kernel-class time / step                         gemm_share(prof)
     timeline(prof)           [(stream, phase, layer, start_ms, end_ms, busy_ms)] for a plot
     gemm_kernels(prof)       per phase, the GEMM/attention kernel times in launch order (mean over layers)
-    prof["overlap"]          compute / communication busy, their overlap, exposed communication, idle (ms)
+    prof["overlap"]          compute / communication busy, their overlap, exposed communication, idle (ms);
+                             transfer_busy_ms (dispatch + combine kernels only), exposed_gaps_ms (each stretch of
+                             exposed communication of GAP_US or more: [start, end]), exposed_short_ms (the rest)
+    prof["grids"]            {class: {CTAs per launch: kernels}} for the GEMM, attention and DeepEP classes
     CLASSES, classify(name)  the kernel classes and the rule that assigns them
 
 The step is the GPU's: from the first to the last kernel the step's host range (`ProfilerStep#1`) launched. The
@@ -52,6 +55,8 @@ CLASSES = {   # class -> what it holds (labels for tables)
     "other": "other",
 }
 COMM_CLASSES = ("deepep_dispatch", "deepep_combine", "deepep_notify")
+TRANSFER_CLASSES = ("deepep_dispatch", "deepep_combine")   # the kernels that move tokens (notify only counts and waits)
+GAP_US = 50.0   # an exposed stretch of communication this long or longer is listed on its own
 GEMM_CLASSES = ("fp8_gemm", "grouped_gemm", "bf16_gemm")
 TIMED_CLASSES = GEMM_CLASSES + ("attention_fwd", "attention_bwd")
 
@@ -90,6 +95,37 @@ def _ms(us) -> float:
     return round(float(us) / 1e3, 4)
 
 
+def _minus(a, b) -> list:
+    """Sorted disjoint intervals `a` without sorted disjoint intervals `b`."""
+    out = []
+    for s, t in a:
+        cur = s
+        for u, v in b:
+            if v <= cur or u >= t:
+                continue
+            if u > cur:
+                out.append((cur, u))
+            cur = max(cur, v)
+        if cur < t:
+            out.append((cur, t))
+    return out
+
+
+def _grids(gpu) -> dict:
+    """{class: {CTAs per launch: kernels}}: the grids the GEMM, attention and DeepEP kernels were launched with."""
+    out: dict = {}
+    for e in gpu:
+        grid = (e.get("args") or {}).get("grid")
+        if not grid or classify(e["name"]) not in TIMED_CLASSES + COMM_CLASSES:
+            continue
+        ctas = 1
+        for g in grid:
+            ctas *= int(g)
+        by = out.setdefault(classify(e["name"]), {})
+        by[str(ctas)] = by.get(str(ctas), 0) + 1
+    return {k: dict(sorted(v.items(), key=lambda kv: -kv[1])) for k, v in sorted(out.items())}
+
+
 def summarize(path) -> dict:
     """Figures of the trace at `path` (DeepSeek's train.json or a file of the same format); errors name what is
     missing (not JSON, truncated, no traceEvents, no annotations, no kernel events, no step window)."""
@@ -117,6 +153,9 @@ def summarize(path) -> dict:
     comm = [e for e in gpu if classify(e["name"]) in COMM_CLASSES]
     compute = [e for e in gpu if classify(e["name"]) not in COMM_CLASSES]
     gemms = [e for e in gpu if classify(e["name"]) in GEMM_CLASSES]
+    transfers = [e for e in gpu if classify(e["name"]) in TRANSFER_CLASSES]
+    alone = _minus(traces.merged_intervals(comm), traces.merged_intervals(compute))
+    long_gaps = [(s_, t_) for s_, t_ in alone if t_ - s_ >= GAP_US]
     span_us = t1 - t0
     classes = {c: {"ms": 0.0, "kernels": 0} for c in CLASSES}
     for e in gpu:
@@ -176,7 +215,11 @@ def summarize(path) -> dict:
         "overlap": {"compute_busy_ms": _ms(traces.busy(compute)), "comm_busy_ms": _ms(traces.busy(comm)),
                     "overlap_ms": _ms(traces.overlap(comm, compute)),
                     "exposed_comm_ms": _ms(traces.exposed(comm, compute)),
-                    "idle_ms": _ms(span_us - traces.busy(gpu)), "gemm_busy_ms": _ms(traces.busy(gemms))},
+                    "idle_ms": _ms(span_us - traces.busy(gpu)), "gemm_busy_ms": _ms(traces.busy(gemms)),
+                    "transfer_busy_ms": _ms(traces.busy(transfers)),
+                    "exposed_gaps_ms": [[_ms(s_ - t0), _ms(t_ - t0)] for s_, t_ in long_gaps],
+                    "exposed_short_ms": _ms(traces.total(alone) - traces.total(long_gaps))},
+        "grids": _grids(gpu),
         "classes": classes,
         "phases": phase_rows,
         "timeline": timeline,
@@ -246,6 +289,22 @@ def phases(prof) -> dict:
 def timeline(prof) -> list[tuple]:
     """[(stream, phase, layer, start_ms, end_ms, busy_ms)]: one bar per phase instance and stream."""
     return [tuple(r) for r in prof["timeline"]]
+
+
+def transfer_busy_ms(prof) -> float:
+    """Time DeepEP's dispatch and combine kernels run (its notify kernels, which count tokens and wait for the
+    other ranks, left out)."""
+    return prof["overlap"]["transfer_busy_ms"]
+
+
+def exposed_gaps(prof) -> list[tuple]:
+    """[(start_ms, end_ms)]: each stretch of at least GAP_US in which communication runs with no compute beside it."""
+    return [tuple(g) for g in prof["overlap"]["exposed_gaps_ms"]]
+
+
+def grids(prof) -> dict:
+    """{class: {CTAs per launch: kernels}}."""
+    return {k: {int(c): n for c, n in v.items()} for k, v in prof["grids"].items()}
 
 
 def gemm_kernels(prof) -> dict:

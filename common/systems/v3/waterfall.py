@@ -95,15 +95,16 @@ def _rank_shape(ranks) -> tuple:
     return tuple(max(r[i] for r in ranks) for i in range(4))
 
 
-def waterfall(prof=None, x: v3model.Inputs | None = None) -> dict:
+def waterfall(prof=None, x: v3model.Inputs | None = None, lone_transfer_scale: float = 1.0) -> dict:
     """From the trace's measured F&B pair to GPU-hours per trillion tokens: [(term, K GPU-hours per T, how)], the
-    total, the reported figure and the unexplained remainder (reported - total)."""
+    total, the reported figure and the unexplained remainder (reported - total). `lone_transfer_scale`: a lone
+    chunk's DeepEP transfers against the overlapped ones the trace timed (v3step.trace_durations)."""
     prof = _profile(prof)
     x = v3model.check_inputs(x or v3model.defaults())
     cfg = v3model.config()
     to_k = lambda sec: v3model.gpu_hours_per_t_tokens(sec, x.gpus, x.tokens_per_step) / 1e3  # noqa: E731
     m = x.micro_batches
-    d_trace = v3step.trace_durations(prof)
+    d_trace = v3step.trace_durations(prof, transfer_scale=lone_transfer_scale)
     fb = d_trace.fb
     terms = [("trace: F&B pair of 4 + 4 MoE layers, x micro-batches", to_k(m * fb),
               f"{fb * 1e3:.1f} ms (DeepSeek's trace, GPU) x {m} micro-batches per pipeline")]
