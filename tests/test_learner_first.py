@@ -13,8 +13,6 @@ from common.core import lessons, notebooks
 from common.core.env import REPO_ROOT
 
 PENDING = {  # lab: the issue that rebuilds it (one line each, so each issue removes its own)
-    "07": 41,
-    "08": 41,
 }
 NAMES = notebooks.notebook_names()
 CONVERTED = [n for n in NAMES if n[:2] not in PENDING]

@@ -3,8 +3,9 @@
     figure("liger.rmsnorm_fused_vs_eager")  -> Published(10.5, "x", "H100 NVL", "a fused Triton RMSNorm ...", source)
 
 The raw numbers live in data/ with their sources (data/published_gpu.json, data/hardware.json's datasheets,
-data/kernel_rates.json's DeepGEMM and FlashAttention-3 rates); the comparisons are computed here, once, so a claim
-never carries a number nobody published. `names()` lists them.
+data/kernel_rates.json's DeepGEMM and FlashAttention-3 rates, data/comm_measured.json's NCCL and DeepEP bandwidths,
+data/deepseek_profile_train.json's figures of DeepSeek's own H800 trace); the comparisons are computed here, once, so
+a claim never carries a number nobody published. `names()` lists them.
 """
 from __future__ import annotations
 
@@ -51,6 +52,31 @@ def _liger_bytes() -> float:
     """Bytes a fused RMSNorm forward moves at least: read x, write y (bf16), read the weight."""
     rows, hidden = _fact("liger.rmsnorm.rows"), _fact("liger.rmsnorm.hidden")
     return (2 * rows * hidden + hidden) * 2
+
+
+@lru_cache(maxsize=None)
+def _data(name: str) -> dict:
+    return json.loads((DATA / name).read_text())
+
+
+def _comm(key: str, what: str = "") -> Published:
+    """A measured bandwidth of data/comm_measured.json (NCCL's all-reduce busbw, DeepEP's dispatch and combine)."""
+    data = _data("comm_measured.json")
+    m, src = data["measurements"][key], data["sources"][data["measurements"][key]["source"]]
+    span = f" ({m['value_low']:g}-{m['value_high']:g} GB/s)" if "value_high" in m else ""
+    return Published(m.get("value_low", m.get("value")), "GB/s", hardware.gpu(m["gpu"]).name,
+                     f"{what or m['conditions']}{span}", f"{src['title']} ({src['url']}, {src['date']})")
+
+
+def _fb_comm_hidden() -> Published:
+    """The share of communication time that overlaps compute in DeepSeek's trace of one DualPipe F&B pair."""
+    data = _data("deepseek_profile_train.json")
+    o, src = data["overlap"], data["sources"]["profile_data"]
+    return Published(100 * o["overlap_ms"] / o["comm_busy_ms"], "% of communication time hidden behind compute",
+                     data["trace"]["device"].replace("NVIDIA ", ""), f"DeepSeek's trace of one DualPipe forward + "
+                     f"backward chunk pair (EP{data['trace']['world_size']}, rank {data['trace']['rank']}): "
+                     f"{o['overlap_ms']:.1f} of {o['comm_busy_ms']:.1f} ms of DeepEP's communication kernels ran beside compute "
+                     f"kernels, {o['exposed_comm_ms']:.1f} ms exposed", f"{src['title']} ({src['url']}, {src['date']})")
 
 
 def _h100_hbm() -> Published:
@@ -239,6 +265,11 @@ _FIGURES: dict[str, Callable[[], Published]] = {
         _source("pytorch.async_checkpoint_async_s")),
     "flashmla.decode_hbm_fraction": _flashmla_hbm_fraction,
     "deepseek.decode_requests_per_gpu": _decode_requests_per_gpu,
+    "nccl.allreduce_busbw_8xh100": lambda: _comm("nccl_allreduce_busbw_8xH100"),
+    "deepep.h800_internode_dispatch_ep64": lambda: _comm(
+        "deepep_h800_internode_dispatch_ep64", "DeepEP V1 normal kernels, EP 64 over 8 nodes, one CX7 400 Gb/s NIC "
+        "per GPU, FP8 dispatch (bottleneck bandwidth)"),
+    "deepseek.fb_pair_comm_hidden": _fb_comm_hidden,
     "cuda.event_resolution": lambda: Published(
         _fact("cuda.event_resolution_us"), "us", "any CUDA GPU", "the resolution of a CUDA event pair's elapsed time",
         _source("cuda.event_resolution_us")),

@@ -18,8 +18,8 @@ before each) so that every one sees the same machine:
 
 speedup = (compute + comm) / overlapped. The bound: gradients cannot be reduced before the backward makes them, so
 the forward never overlaps, nor does the last bucket: ideal = (compute + comm) / (forward + max(backward, comm - last)
-+ last). Ranks that share cores cannot do better than ~1x at all (gloo's all-reduce is work for a core:
-`shared_cores`). Figures are medians over `runs` runs (each the slowest rank's medians of `repeats` rounds) with
++ last). Ranks that share cores take turns instead: gloo's all-reduce is work for a core the backward is using
+(`shared_cores`), so a speed-up there measures the machine's load as much as the overlap. Figures are medians over `runs` runs (each the slowest rank's medians of `repeats` rounds) with
 their spread. A speed-up above its ideal is impossible for overlap itself and is flagged. The overlapped and DDP
 gradients are checked against the serial ones. `python -m common.parallel.ddp_overlap` runs it under torchrun.
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import statistics
 
+from common.core.claims import readable
 from common.core.validate import number, whole
 from common.parallel.overlap import time_round_robin
 
@@ -227,7 +228,7 @@ def summarize(per_rank: list, ranks_here: int | None = None, cores: int | None =
     """Medians over the runs of each variant (the slowest rank's) and of each figure (`figures`), each figure's
     spread (min, max) over the runs, the buckets (bytes each; `same_buckets`: the hooks' parameters grouped as DDP's),
     `shared_cores` (fewer than two cores for each of the `ranks_here` ranks of this machine: gloo's all-reduce and the
-    backward take turns on them, so ~1x is the most to expect), and `above_ideal`."""
+    backward take turns on them), and `above_ideal`."""
     runs = [{k: max(r["runs"][i][k] for r in per_rank) for k in VARIANTS} for i in range(len(per_rank[0]["runs"]))]
     runs = [{**t, **figures(t)} for t in runs]
     out = {k: statistics.median(t[k] for t in runs) for k in runs[0]}
@@ -273,10 +274,10 @@ def lines(d: dict) -> list:
            " | ".join(f"{k} {d[k] * 1e3:.2f} ms" for k in VARIANTS + ("comm_s",)),
            f"medians over {d['runs']} runs (min-max): hooks {fig('speedup')} of an ideal {fig('ideal')}; "
            f"DDP {fig('ddp_speedup')} of {fig('ddp_ideal')}",
-           f"gradients vs serial: max err {d['grad_err']:.1e} (hooks), {d['ddp_grad_err']:.1e} (DDP)"]
+           f"gradients vs serial: max err {readable(d['grad_err'])} (hooks), {readable(d['ddp_grad_err'])} (DDP)"]
     if d["shared_cores"]:
         out.append(f"{d['cores_per_rank']:.2g} CPU core(s) per rank: the all-reduce's work and the backward take "
-                   f"turns on the same cores, so about 1.0x is the bound here, whatever the ideal says")
+                   f"turns on the same cores, so a speed-up here measures the machine's load as much as the overlap")
     return out + flagged(d)
 
 

@@ -66,7 +66,8 @@ def learner_function(source: str, name: str):
 
 def ring_worker(rank: int, world_size: int, source: str, name: str, sizes, repeats: int = 5, seed: int = 0) -> dict:
     """This rank's record: the worst difference of the learner's ring from dist.all_reduce over random tensors of
-    each size (float32, fresh each size), and per size the median time of each (a barrier before each call)."""
+    each size (float32, fresh each size), and per size the median time of each (timed in turns, a barrier before each
+    call)."""
     import torch
     import torch.distributed as dist
 
@@ -80,15 +81,17 @@ def ring_worker(rank: int, world_size: int, source: str, name: str, sizes, repea
         dist.all_reduce(ref)
         got = fn(x.clone(), rank, world_size, dist)
         err = max(err, float((got - ref).abs().max()) if n else 0.0)
-        for out, call in ((mine, lambda: fn(x.clone(), rank, world_size, dist)), (gloo, lambda: dist.all_reduce(x.clone()))):
-            times = []
-            for _ in range(repeats):
+        calls = ((lambda: fn(x.clone(), rank, world_size, dist)), (lambda: dist.all_reduce(x.clone())))
+        times = ([], [])
+        for _ in range(repeats):  # in turns, so that a moment of load falls on both alike
+            for call, out in zip(calls, times):
                 dist.barrier()
                 t0 = time.perf_counter()
                 call()
                 synchronize()
-                times.append(time.perf_counter() - t0)
-            out.append(statistics.median(times))
+                out.append(time.perf_counter() - t0)
+        mine.append(statistics.median(times[0]))
+        gloo.append(statistics.median(times[1]))
     return {"max_abs_err": err, "ring_s": mine, "all_reduce_s": gloo}
 
 
