@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from common.core.checks import fail
+from common.core.checks import CheckFailed, fail
 
 
 def _value(model, args):
@@ -21,6 +21,18 @@ def _value(model, args):
 
 def _same(a, b, rtol: float) -> bool:
     return a is not None and math.isclose(a, b, rel_tol=rtol, abs_tol=1e-300)
+
+
+def answered(rows: list, ask, rtol: float = 1e-9) -> bool:
+    """Append ask() -> (call, args, got, expected) to `rows`; False (stop collecting) when it raised a verdict -- a
+    crash, a wrong type -- while an earlier answer is already wrong: that earlier mistake is the verdict."""
+    try:
+        rows.append(ask())
+    except CheckFailed:
+        if any(not _same(got, expected, rtol) for _, _, got, expected in rows):
+            return False
+        raise
+    return True
 
 
 def name_formula(rows, models, rtol: float = 1e-9, unit: str = "") -> None:
