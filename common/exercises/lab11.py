@@ -70,8 +70,8 @@ def check_mla_bytes_per_token(fn):
             expected = kvcache.mla_bytes_per_token(layers, rank, rope, b)
             where = f"layers={layers}, kv_lora_rank={rank}, rope_dim={rope}, bytes={b}"
             call = f"mla_bytes_per_token({layers}, {rank}, {rope}, {b})"
-            got = as_number(learner_call(fn, (layers, rank, rope, b), call, (kvcache.mla_bytes_per_token,), library=True),
-                            call, "bytes, a number")
+            got = as_number(learner_call(fn, (layers, rank, rope, b), call, (kvcache.mla_bytes_per_token,),
+                                         library=True), call, "bytes, a number")
             if got == layers * rank * b:
                 fail(f"{where}: you left out the decoupled RoPE key ({rope} values per layer), which MLA caches "
                      f"beside the latent")
