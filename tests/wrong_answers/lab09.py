@@ -40,7 +40,7 @@ WRONG = {
         (lambda *a: _memory(*a, dense_replicas=a[4] // a[5]), "a dense parameter has all dp"),
         (lambda d, e, tp, pp, dp, ep: topology.memory_per_gpu_gb(topology.ModelSketch("m", d, e, 1, 1, 1),
                                                                  topology.Layout(tp=tp, pp=pp, dp=dp, ep=ep))["total"],
-         "called common.systems.cluster.topology"),
+         "called common.systems.cluster.topology.memory_per_gpu_gb, the reference"),
     ],
     lab09.check_all_to_all_seconds: [
         (lambda b, g, d, nv, net: b * (g - 1) / g / (nv * 1e9), "everything went at NVLink speed"),
@@ -54,7 +54,7 @@ WRONG = {
         (lambda b, g, d, nv, net: b * (g - min(g, d)) / g / (net * 1e9), "the NVLink share is missing"),
         (lambda *a: 1e3 * right_a2a(*a), "that is milliseconds"),
         (lambda b, g, d, nv, net: topology.all_to_all_seconds(b, g, topology.Fabric("f", d, nv, net)),
-         "called common.systems.cluster.topology"),
+         "called common.systems.cluster.topology.all_to_all_seconds, the reference"),
     ],
     lab09.check_place: [(wrong, words) for wrong, words in PLACE_MISTAKES if "ZeroDivision" not in words] + [
         (lambda tp, ep, pp, dp, dom: placement.place(tp, ep, pp, dp, dom),
