@@ -44,6 +44,7 @@ WRONG = {
         (lambda f, n, g, d, m: right_days(f, n, g, "fp8" if d == "bf16" else d, m), "peak instead of BF16"),
         (lambda f, n, g, d, m: right_days(f, n, "GB200", d, m), "the GB200's peak"),
         (lambda f, n, g, d, m: right_days(f, n, g, d, m) / 365, "that is years"),
+        (lambda f, n, g, d, m: right_days(f, n, g, d, m) / 7, "that is weeks"),
         (lambda f, n, g, d, m: right_days(f, n, g, d, m / 100), "already a fraction"),
         (lambda f, n, g, d, m: scaling.gpu_hours(f, g, m, d) / n / 24,
          "called common.systems.cluster.scaling.gpu_hours, the reference"),
