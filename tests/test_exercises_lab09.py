@@ -229,3 +229,23 @@ def test_place_reference_is_caught():
     from common.systems.cluster import placement
     with pytest.raises(CheckFailed, match=r"called common.systems.cluster.placement.place"):
         check_place(lambda *a: placement.place(*a))
+
+
+# ---- issue 46: right answers written differently pass; the library watch refuses the workbook's own code
+@pytest.mark.parametrize("check, right", [
+    (check_rack_pflops, lambda g, t, s: (t if s else 0.5 * t) * g * 1e-3),
+    (check_rack_pflops, lambda g, t, s: g * t / (1000 * (2 - bool(s)))),
+    (check_memory_per_gpu, lambda d, e, tp, pp, dp, ep: (4 * (d + e / ep) / (tp * pp)
+                                                         + 12 * (d / dp + e * ep / dp / ep) / (tp * pp)) * 1e-9),
+    (check_all_to_all_seconds, lambda b, g, d, nv, net: max(0.0, b / g * (min(g, d) - 1) / nv,
+                                                            b / g * max(0, g - d) / net) / 1e9),
+])
+def test_right_answers_written_differently(check, right):
+    for seed in range(3):
+        assert check(right, seed=seed).passed
+
+
+def test_library_cheats_are_refused():
+    from common.systems.cluster import placement
+    with pytest.raises(CheckFailed, match=r"called common.systems.cluster.placement.contiguous, the workbook's own"):
+        check_place(lambda tp, ep, pp, dp, dom: placement.contiguous(tp, ep, pp, dp))

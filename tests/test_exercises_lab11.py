@@ -400,3 +400,41 @@ def test_async_checkpointer_reference_is_caught():
         lab11.check_async_checkpointer(Mine)
     with pytest.raises(CheckFailed, match="the reference this exercise asks you to write"):
         lab11.check_async_checkpointer(storage.AsyncCheckpointer)
+
+
+# ---- issue 46: right answers written differently pass; the library watch sees the workbook's writer wherever it sits
+def test_right_answers_written_differently():
+    def sharing_other(d, n, m):
+        return {"time-slicing": d, "mig": min(n, 7) / 7 * min(7 * d, 1.0), "mps": min(n * d, 1.0)}[m]
+    assert lab11.check_shared_utilisation(sharing_other).passed
+    assert lab11.check_checkpoint_seconds(lambda s, r, n, st: s / min(r * n / 8, st)).passed
+
+    class Cloned(Writer):  # stages with torch.clone
+        def stage(self, state):
+            import torch
+            return {k: torch.clone(v.detach()) for k, v in state.items()}
+    assert lab11.check_async_checkpointer(Cloned).passed
+
+    def durable_pathlib(data, path):
+        import pathlib
+        target = pathlib.Path(path)
+        tmp = target.with_name(target.name + ".partial")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data) if data else None
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, target)
+        _fsync_dir(str(target.parent))
+    assert lab11.check_write_durably(durable_pathlib).passed
+
+
+def test_the_workbook_writer_inside_the_learners_class_is_refused():
+    from common.systems import storage
+
+    class Lazy(Writer):
+        def save(self, state, path):
+            storage.AsyncCheckpointer(self.write).save(state, path)
+    with pytest.raises(CheckFailed, match=r"save\(\) called common.systems.storage.writer.AsyncCheckpointer"):
+        lab11.check_async_checkpointer(Lazy)

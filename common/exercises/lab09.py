@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from common.core.checks import checker, expect, expect_close, fail, near
 from common.exercises.cases import as_number, learner_call, replayable
+from common.exercises.formulas import answered, name_formula
 from common.systems.cluster import topology
 
 NUMBER = "one number (a float)"
@@ -20,8 +21,8 @@ def check_aggregate_nvlink(aggregate_nvlink_tbs, cases):
     for gpus, per_gpu, is_random in cases_:
         expected = gpus * per_gpu / 1e3
         where = f"aggregate_nvlink_tbs({gpus}, {per_gpu:.6g}){cases.tag(is_random)}"
-        got = as_number(learner_call(aggregate_nvlink_tbs, (gpus, per_gpu), where, (topology.aggregate_nvlink_tbs,)),
-                        where, NUMBER)
+        got = as_number(learner_call(aggregate_nvlink_tbs, (gpus, per_gpu), where, (topology.aggregate_nvlink_tbs,),
+                                     library=True), where, NUMBER)
         if near(got, expected * 1e3):
             expect(False, f"aggregate_nvlink_tbs({gpus}, {per_gpu}) = {got:.6g}: that is GB/s; the answer is in "
                           f"TB/s (1 TB/s = 1000 GB/s), so expected {expected:.6g}")
@@ -35,6 +36,20 @@ def check_aggregate_nvlink(aggregate_nvlink_tbs, cases):
     return f"right for {len(cases_)} racks and nodes (NVL72: 72 x 1.8 TB/s = 129.6 TB/s)"
 
 
+RACK_MISTAKES = [  # (what it is, what that mistake returns): named when every case matches it
+    ("the sparse flag is read backwards: halve the datasheet (sparse) rate when sparse is False",
+     lambda g, t, s: g * t / 1e3 / (2 if s else 1)),
+    ("you doubled the rate for dense; the datasheet rate is the sparse one and dense is HALF of it",
+     lambda g, t, s: g * t / 1e3 * (1 if s else 2)),
+    ("dense is a quarter here; 2:4 sparsity doubles the rate, so dense is HALF the sparse figure",
+     lambda g, t, s: g * t / 1e3 / (1 if s else 4)),
+    ("that is EFLOP/s (/1e6); the answer is in PFLOP/s: 1 PFLOP/s = 1000 TFLOP/s",
+     lambda g, t, s: g * t / 1e6 / (1 if s else 2)),
+    ("1 PFLOP/s is 1000 TFLOP/s, not 1024", lambda g, t, s: g * t / 1024 / (1 if s else 2)),
+    ("a fixed 72 GPUs (an NVL72 rack); multiply by the `gpus` given", lambda g, t, s: 72 * t / 1e3 / (1 if s else 2)),
+]
+
+
 @checker("9.2", "dense vs sparse rack FLOPs")
 @replayable
 def check_rack_pflops(rack_pflops, cases):
@@ -42,10 +57,18 @@ def check_rack_pflops(rack_pflops, cases):
     rng = cases.rng
     cases_ = [(72, 20000, True, False), (72, 20000, False, False), (8, 3958, False, False), (8, 3958, True, False)] + [
         (rng.randint(1, 600), rng.uniform(500, 40000), rng.random() < 0.5, True) for _ in range(6)]
+    rows = []
     for gpus, sparse_tflops, sparse, is_random in cases_:
         expected = gpus * sparse_tflops / 1e3 / (1 if sparse else 2)
         where = f"rack_pflops({gpus}, {sparse_tflops:.6g}, sparse={sparse}){cases.tag(is_random)}"
-        got = as_number(learner_call(rack_pflops, (gpus, sparse_tflops, sparse), where, (topology.rack_pflops,)), where, NUMBER)
+        def ask():
+            got = as_number(learner_call(rack_pflops, (gpus, sparse_tflops, sparse), where, (topology.rack_pflops,),
+                                         library=True), where, NUMBER)
+            return (where, (gpus, sparse_tflops, sparse), got, expected)
+        if not answered(rows, ask):
+            break
+    name_formula(rows, RACK_MISTAKES, unit=" PFLOP/s")
+    for where, (gpus, sparse_tflops, sparse), got, expected in rows:
         if not sparse and near(got, expected * 2):
             expect(False, f"rack_pflops({gpus}, {sparse_tflops:.6g}, sparse=False) = {got:.6g}: that is the "
                           f"sparse figure; the datasheet rate assumes 2:4 sparsity, dense is half of it "
@@ -66,6 +89,37 @@ def _reference_memory(dense, experts, tp, pp, dp, ep):
     return topology.memory_per_gpu_gb(model, topology.Layout(tp=tp, pp=pp, dp=dp, ep=ep))["total"]
 
 
+def _memory(dn, ex, tp, pp, dp, ep, weights=2, grads=2, adam=12, stages=True, ep_dense=False, all_sharded=False,
+            dense_replicas=None):
+    """GB per GPU as a learner might count it, one choice changed from the right count."""
+    split = tp * (pp if stages else 1)
+    d, e = dn / (split * (ep if ep_dense else 1)), ex / (split * ep)
+    state = adam * (d / (dense_replicas or dp) + e / (dp // ep))
+    if all_sharded:
+        return ((weights + grads + adam) * (d / dp + e / (dp // ep))) / 1e9
+    return ((weights + grads) * (d + e) + state) / 1e9
+
+
+# the containers a learner may build (their checks are no part of the answer): a cheat through them is then named by
+# the reference it reaches, not by Layout's validation
+SKETCHES = ("common.systems.cluster.topology.Layout", "common.systems.cluster.topology.ModelSketch")
+MEMORY_MISTAKES = [
+    ("8 B of optimizer state per parameter: mixed-precision Adam keeps THREE FP32 values (the master copy, m and v), "
+     "12 B", lambda *a: _memory(*a, adam=8)),
+    ("the gradients are missing: each GPU holds BF16 weights AND BF16 gradients for its share (2 + 2 B)",
+     lambda *a: _memory(*a, grads=0)),
+    ("the weights the model computes with are BF16 (2 B); the FP32 copy is part of the 12 B of optimizer state",
+     lambda *a: _memory(*a, weights=4)),
+    ("ZeRO-1 shards only the optimizer state; every rank keeps its whole share of the BF16 weights and gradients",
+     lambda *a: _memory(*a, all_sharded=True)),
+    ("the layers are not split by PP; each pipeline stage holds 1/pp of them", lambda *a: _memory(*a, stages=False)),
+    ("the dense parameters are split by EP too; EP splits only the routed experts (every EP rank holds the dense "
+     "layers)", lambda *a: _memory(*a, ep_dense=True)),
+    ("the dense parameters' optimizer state is sharded over dp / ep replicas; a dense parameter has all dp "
+     "data-parallel replicas (only an expert has dp / ep)", lambda *a: _memory(*a, dense_replicas=a[4] // a[5])),
+]
+
+
 @checker("9.3", "memory per GPU of a parallelism layout")
 @replayable
 def check_memory_per_gpu(memory_per_gpu_gb, cases):
@@ -79,11 +133,20 @@ def check_memory_per_gpu(memory_per_gpu_gb, cases):
         dp = ep * rng.choice([1, 2, 4, 8])
         cases_.append((rng.uniform(1e9, 5e11), rng.choice([0.0, rng.uniform(1e10, 2e12)]), rng.choice([1, 2, 4, 8]),
                       rng.choice([1, 2, 4, 8, 16]), dp, ep, True))
+    rows = []
     for dense, experts, tp, pp, dp, ep, is_random in cases_:
         expected = _reference_memory(dense, experts, tp, pp, dp, ep)
         where = (f"memory_per_gpu_gb({dense:.3g}, {experts:.3g}, tp={tp}, pp={pp}, dp={dp}, ep={ep})"
                  f"{cases.tag(is_random)}")
-        got = as_number(learner_call(memory_per_gpu_gb, (dense, experts, tp, pp, dp, ep), where, (topology.memory_per_gpu_gb,)), where, NUMBER)
+        def ask():
+            got = as_number(learner_call(memory_per_gpu_gb, (dense, experts, tp, pp, dp, ep), where,
+                                         (topology.memory_per_gpu_gb,), allowed=SKETCHES, library=True),
+                            where, NUMBER)
+            return (where, (dense, experts, tp, pp, dp, ep), got, expected)
+        if not answered(rows, ask, 1e-6):
+            break
+    name_formula(rows, MEMORY_MISTAKES, rtol=1e-6, unit=" GB")
+    for where, (dense, experts, tp, pp, dp, ep), got, expected in rows:
         if near(got, expected * 1e9 / 2**30):
             expect(False, f"{where} = {got:.6g}: that is GiB (2^30 bytes); the lab counts GB = 1e9 bytes, like "
                           f"the HBM sizes on datasheets (expected {expected:.6g})")
@@ -106,6 +169,31 @@ def check_memory_per_gpu(memory_per_gpu_gb, cases):
     return f"right for {len(cases_)} layouts, DeepSeek's PP16 x EP64 x DP128 among them"
 
 
+def _a2a(b, group, domain, nv, net, per_peer=None, nv_rate=None, net_rate=None):
+    """Seconds of the all-to-all as a learner might count it: per_peer bytes to each peer, at the rates given."""
+    inside = min(group, domain)
+    per_peer = b / group if per_peer is None else per_peer
+    return max(per_peer * (inside - 1) / (nv * 1e9 if nv_rate is None else nv_rate),
+               per_peer * (group - inside) / (net * 1e9 if net_rate is None else net_rate))
+
+
+A2A_MISTAKES = [
+    ("every peer got the whole buffer; a GPU sends bytes_per_gpu / group to each rank of the group",
+     lambda b, g, d, nv, net: _a2a(b, g, d, nv, net, per_peer=b)),
+    ("the bandwidths are in GB/s: multiply them by 1e9 for bytes per second",
+     lambda b, g, d, nv, net: _a2a(b, g, d, nv, net, nv_rate=nv, net_rate=net)),
+    ("you divided the bandwidths by 8, as if they were gigabits; GB/s are gigaBYTES per second",
+     lambda b, g, d, nv, net: _a2a(b, g, d, nv, net, nv_rate=nv * 1e9 / 8, net_rate=net * 1e9 / 8)),
+    ("everything went at network speed, but the ranks inside the NVLink domain are reached over NVLink",
+     lambda b, g, d, nv, net: b * (g - 1) / g / (net * 1e9)),
+    ("the network share is missing: the ranks outside the NVLink domain are reached over the network too",
+     lambda b, g, d, nv, net: b * (min(g, d) - 1) / g / (nv * 1e9)),
+    ("the NVLink share is missing: the ranks inside the domain take their share over NVLink",
+     lambda b, g, d, nv, net: b * (g - min(g, d)) / g / (net * 1e9)),
+    ("that is milliseconds; return seconds", lambda b, g, d, nv, net: 1e3 * _a2a(b, g, d, nv, net)),
+]
+
+
 @checker("9.4", "all-to-all time inside vs across the NVLink domain")
 @replayable
 def check_all_to_all_seconds(all_to_all_seconds, cases):
@@ -118,12 +206,20 @@ def check_all_to_all_seconds(all_to_all_seconds, cases):
         domain = rng.choice([4, 8, 72])
         cases_.append((rng.uniform(1e6, 1e10), rng.choice([2, 4, 8, 16, 32, 64, 128, 256]), domain,
                       rng.uniform(100, 900), rng.uniform(12.5, 100), True))
+    rows = []
     for b, group, domain, nv, net, is_random in cases_:
         fab = topology.Fabric("f", domain, nv, net)
         expected = topology.all_to_all_seconds(b, group, fab)
         where = (f"all_to_all_seconds({b:.3g}, group={group}, domain={domain}, nvlink={nv:.4g}, network={net:.4g})"
                  f"{cases.tag(is_random)}")
-        got = as_number(learner_call(all_to_all_seconds, (b, group, domain, nv, net), where, (topology.all_to_all_seconds,)), where, NUMBER)
+        def ask():
+            got = as_number(learner_call(all_to_all_seconds, (b, group, domain, nv, net), where,
+                                         (topology.all_to_all_seconds,), library=True), where, NUMBER)
+            return (where, (b, group, domain, nv, net), got, expected)
+        if not answered(rows, ask, 1e-6):
+            break
+    name_formula(rows, A2A_MISTAKES, rtol=1e-6, unit=" s")
+    for where, (b, group, domain, nv, net), got, expected in rows:
         inside = min(group, domain)
         if group > domain and near(got, max(b * (inside - 1) / group / (net * 1e9),
                                             b * (group - inside) / group / (nv * 1e9))) and not near(got, expected):
@@ -230,7 +326,7 @@ def check_place(place, cases):
         what = what.format(seed=cases.seed)
         call = f"place(tp={lay.tp}, ep={lay.ep}, pp={lay.pp}, dp={lay.dp}, domain={domain}) for {what}"
         got = learner_call(place, (lay.tp, lay.ep, lay.pp, lay.dp, domain), call, (placement.place,),
-                           expected="gpu[p][d][t], an array of GPU ids of shape (pp, dp, tp)")
+                           expected="gpu[p][d][t], an array of GPU ids of shape (pp, dp, tp)", library=True)
         if got is None:
             fail(f"{call} returned None -- return gpu[p][d][t], an array of GPU ids of shape (pp, dp, tp)")
         try:

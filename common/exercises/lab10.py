@@ -6,9 +6,12 @@ import math
 
 from common.core.checks import checker, expect, expect_equal, near
 from common.exercises.cases import as_number, expect_number, fresh_cases, learner_call, replayable
+from common.exercises.formulas import answered, name_formula
 from common.systems.cluster import cost, scaling
 
 GPUS = ["H100-SXM", "H800-SXM", "H200-SXM", "A100-SXM", "B200", "GB200"]
+# what the lab hands the learner from the workbook's library: datasheet look-ups (common.facts.hardware is not watched)
+LOOKUPS = ("common.systems.cluster.scaling.peak_tflops", "common.systems.cluster.scaling.hbm_gb")
 
 
 def _dtypes(gpu: str) -> list[str]:
@@ -58,8 +61,8 @@ def check_train_flops(train_flops):
         for n, d in cases_:
             expected = 6.0 * n * d
             where = f"train_flops({n:.4g}, {d:.4g})"
-            got = as_number(learner_call(train_flops, (n, d), where, (scaling.train_flops,)), where,
-                            "the FLOPs, a number")
+            got = as_number(learner_call(train_flops, (n, d), where, (scaling.train_flops,), allowed=LOOKUPS,
+                                         library=True), where, "the FLOPs, a number")
             for factor, why in ((2, "that is 2ND, the forward pass only; the backward pass costs twice the forward, "
                                     "so training is 6ND"),
                                 (1, "N x D forgets the factor 6 (2 FLOPs per multiply-add x 3 for forward + "
@@ -73,6 +76,22 @@ def check_train_flops(train_flops):
                 expect(False, f"{where} = {got:.4g}: one of N and D is missing: C = 6 x N x D")
             expect_number(got, expected, where, rtol=1e-9)
     return "6 N D for every size (DeepSeek-V3: 6 x 37e9 x 14.8e12 = 3.29e24)"
+
+
+def _mfu(flops, hours, gpu, dtype, seconds_per_hour=3600, flops_per_tflop=1e12):
+    return flops / (hours * seconds_per_hour) / (scaling.peak_tflops(gpu, dtype) * flops_per_tflop)
+
+
+MFU_MISTAKES = [  # (what it is, what that mistake returns): named when every case matches it
+    ("upside down: MFU is the achieved FLOP/s over the peak, not the peak over the achieved",
+     lambda f, h, g, d: 1 / _mfu(f, h, g, d)),
+    ("a GPU-hour is 3,600 GPU-seconds, not 60 (you converted to minutes)",
+     lambda f, h, g, d: _mfu(f, h, g, d, seconds_per_hour=60)),
+    ("off by a factor of 1000: the peak is in TFLOP/s, 1e12 FLOP/s (not 1e9 or 1e15)",
+     lambda f, h, g, d: _mfu(f, h, g, d, flops_per_tflop=1e9)),
+    ("off by a factor of 1000: the peak is in TFLOP/s, 1e12 FLOP/s (not 1e9 or 1e15)",
+     lambda f, h, g, d: _mfu(f, h, g, d, flops_per_tflop=1e15)),
+]
 
 
 @checker("10.2", "implied MFU")
@@ -91,12 +110,19 @@ def check_implied_mfu(implied_mfu):
             hours = rng.uniform(1e3, 1e7)
             cases_.append((hours * 3600 * scaling.peak_tflops(gpu, dtype) * 1e12 * rng.uniform(0.05, 0.9), hours,
                            gpu, dtype))
+        rows = []
         for flops, hours, gpu, dtype in cases_:
-            peak = scaling.peak_tflops(gpu, dtype)
-            expected = scaling.implied_mfu(flops, hours, peak)
+            expected = scaling.implied_mfu(flops, hours, scaling.peak_tflops(gpu, dtype))
             where = f"implied_mfu({flops:.4g}, {hours:.4g} h, {gpu!r}, {dtype!r})"
-            got = as_number(learner_call(implied_mfu, (flops, hours, gpu, dtype), where,
-                                         (scaling.implied_mfu,)), where, "a fraction")
+            def ask():
+                got = as_number(learner_call(implied_mfu, (flops, hours, gpu, dtype), where, (scaling.implied_mfu,),
+                                             allowed=LOOKUPS, library=True), where, "a fraction")
+                return (where, (flops, hours, gpu, dtype), got, expected)
+            if not answered(rows, ask, 1e-6):
+                break
+        name_formula(rows, MFU_MISTAKES, rtol=1e-6)
+        for where, (flops, hours, gpu, dtype), got, expected in rows:
+            peak = scaling.peak_tflops(gpu, dtype)
             if near(got, expected * 3600):
                 expect(False, f"{where} = {got:.4g}: GPU-hours must become seconds (x 3600) before dividing FLOPs")
             if near(got, expected * 3600 / 86400):
@@ -141,7 +167,8 @@ def check_adam_state(adam_state_bytes):
         rng = cases.rng
         for n in [7, 1000, 100e12] + [rng.uniform(1e6, 1e15) for _ in range(4)]:
             where = f"adam_state_bytes({n:.4g})"
-            got = learner_call(adam_state_bytes, (n,), where, (scaling.adam_state_bytes,))
+            got = learner_call(adam_state_bytes, (n,), where, (scaling.adam_state_bytes,), allowed=LOOKUPS,
+                               library=True)
             expect(isinstance(got, dict), f"{where} returned {type(got).__name__}; return a dict with keys "
                                           f"{sorted(expected_per)}")
             expect_equal(sorted(k for k in got if k != "total"), sorted(expected_per), f"{where}: keys of the result")
@@ -152,6 +179,8 @@ def check_adam_state(adam_state_bytes):
                     expect(False, f"{where}[{key!r}] = 0: {_MISSING[key]}")
                 if near(value, bad * n):
                     expect(False, f"{where}[{key!r}] = {value:.4g}: {why}")
+                if near(value, 8 * b * n):
+                    expect(False, f"{where}[{key!r}] = {value:.4g}: that is bits; count bytes ({b} per parameter)")
                 if near(value, b):
                     expect(False, f"{where}[{key!r}] = {value:.4g}: that is bytes per parameter; multiply by the "
                                   f"{n:.4g} parameters")
@@ -176,7 +205,8 @@ def check_gpus_to_hold(gpus_to_hold):
             hbm = scaling.hbm_gb(gpu) * 1e9
             expected = math.ceil(nbytes / hbm)
             where = f"gpus_to_hold({nbytes:.6g} bytes, {gpu!r})"
-            got = learner_call(gpus_to_hold, (nbytes, gpu), where, (scaling.gpus_to_hold,))
+            got = learner_call(gpus_to_hold, (nbytes, gpu), where, (scaling.gpus_to_hold,), allowed=LOOKUPS,
+                               library=True)
             value = as_number(got, where, "a whole number of GPUs")
             if not value.is_integer():
                 expect(False, f"{where} = {value:.6g}: GPUs come whole -- round up (math.ceil)")
@@ -197,6 +227,18 @@ def check_gpus_to_hold(gpus_to_hold):
     return "ceil(bytes / HBM bytes per GPU)"
 
 
+def _days(flops, gpus, gpu, dtype, mfu, per_day=86400):
+    return flops / (gpus * scaling.peak_tflops(gpu, dtype) * 1e12 * mfu) / per_day
+
+
+DAYS_MISTAKES = [  # (what it is, what that mistake returns): named when every case matches it
+    ("that is years; return days", lambda f, n, g, d, m: _days(f, n, g, d, m) / 365),
+    ("that is weeks; return days", lambda f, n, g, d, m: _days(f, n, g, d, m) / 7),
+    ("the MFU is already a fraction (0.4 is 40%): you divided it by 100 again",
+     lambda f, n, g, d, m: _days(f, n, g, d, m / 100)),
+]
+
+
 @checker("10.5", "training days at a given MFU")
 def check_training_days(training_days):
     """training_days(flops, gpus, gpu_id, dtype, mfu) -> calendar days, at `mfu` of the dense peak, perfect scaling."""
@@ -208,12 +250,20 @@ def check_training_days(training_days):
             gpu = rng.choice(GPUS)
             cases_.append((rng.uniform(1e22, 1e29), rng.randint(8, 200_000), gpu, rng.choice(_dtypes(gpu)),
                            rng.uniform(0.1, 0.7)))
+        rows = []
         for flops, gpus, gpu, dtype, mfu in cases_:
-            peak = scaling.peak_tflops(gpu, dtype)
-            expected = flops / (gpus * peak * 1e12 * mfu) / 86400
+            expected = _days(flops, gpus, gpu, dtype, mfu)
             where = f"training_days({flops:.4g}, {gpus} GPUs, {gpu!r}, {dtype!r}, mfu={mfu:.3g})"
-            got = as_number(learner_call(training_days, (flops, gpus, gpu, dtype, mfu), where,
-                                         (scaling.gpu_hours, scaling.plan_training)), where, "days")
+            def ask():
+                got = as_number(learner_call(training_days, (flops, gpus, gpu, dtype, mfu), where,
+                                             (scaling.gpu_hours, scaling.plan_training),
+                                             allowed=LOOKUPS, library=True), where, "days")
+                return (where, (flops, gpus, gpu, dtype, mfu), got, expected)
+            if not answered(rows, ask, 1e-6):
+                break
+        name_formula(rows, DAYS_MISTAKES, rtol=1e-6, unit=" days")
+        for where, (flops, gpus, gpu, dtype, mfu), got, expected in rows:
+            peak = scaling.peak_tflops(gpu, dtype)
             if near(got, expected * mfu * mfu):
                 expect(False, f"{where} = {got:.4g}: you multiplied by the MFU; a lower MFU means a *longer* run, "
                               f"so divide by it")
@@ -228,6 +278,10 @@ def check_training_days(training_days):
                 if near(got, expected / factor):
                     expect(False, f"{where} = {got:.4g}: you used {what}; use the dense {dtype.upper()} peak "
                                   f"({peak:g} TFLOP/s)")
+            for other, other_peak in _other_gpu_peak(gpu, dtype):
+                if near(got, expected * peak / other_peak):
+                    expect(False, f"{where} = {got:.4g}: that is the time at the {other}'s peak "
+                                  f"({other_peak:g} TFLOP/s); look the peak up for gpu_id={gpu!r}")
             if gpus > 1 and near(got, expected * gpus):
                 expect(False, f"{where} = {got:.4g}: the work is shared by {gpus} GPUs -- divide by the GPU count")
             expect_number(got, expected, where, rtol=1e-6)
@@ -370,7 +424,8 @@ def check_cost_model(cost_model, cases):
         ref = cost.cost_model(model, run)
         where = f"cost_model(model, run) for {what}"
         got = learner_call(cost_model, (dict(model), dict(run)), where, (cost.cost_model,),
-                           expected="a dict of the nine figures")
+                           expected="a dict of the nine figures", allowed=LOOKUPS,
+                           library=True)
         expect(isinstance(got, dict), f"{where} returned {type(got).__name__}; return a dict with the keys "
                                       f"{', '.join(cost.RESULT_KEYS)}")
         missing = [k for k in cost.RESULT_KEYS if k not in got]

@@ -13,7 +13,8 @@ import time
 import torch
 
 from common.core.checks import checker, expect, fail
-from common.exercises.cases import as_number, expect_number, fresh_cases, learner_call
+from common.exercises.cases import as_number, expect_number, fresh_cases, learner_call, refused, watched
+from common.exercises.formulas import answered, name_formula
 from common.systems import storage
 from common.systems.host import sharing
 from common.systems.storage import writer
@@ -38,7 +39,7 @@ def check_kv_bytes_per_token(fn):
             where = f"layers={layers}, heads={heads}, kv_heads={kv_heads}, head_dim={d}, bytes={b}"
             call = f"kv_bytes_per_token({layers}, {heads}, {kv_heads}, {d}, {b})"
             got = as_number(learner_call(fn, (layers, heads, kv_heads, d, b), call,
-                                         (kvcache.kv_bytes_per_token,)), call, "bytes, a number")
+                                         (kvcache.kv_bytes_per_token,), library=True), call, "bytes, a number")
             mistakes = [
                 (kv_heads != heads, layers * heads * 2 * d * b,
                  f"you cached K and V for all {heads} query heads; with grouped-query attention only the "
@@ -69,8 +70,8 @@ def check_mla_bytes_per_token(fn):
             expected = kvcache.mla_bytes_per_token(layers, rank, rope, b)
             where = f"layers={layers}, kv_lora_rank={rank}, rope_dim={rope}, bytes={b}"
             call = f"mla_bytes_per_token({layers}, {rank}, {rope}, {b})"
-            got = as_number(learner_call(fn, (layers, rank, rope, b), call, (kvcache.mla_bytes_per_token,)),
-                            call, "bytes, a number")
+            got = as_number(learner_call(fn, (layers, rank, rope, b), call, (kvcache.mla_bytes_per_token,),
+                                         library=True), call, "bytes, a number")
             if got == layers * rank * b:
                 fail(f"{where}: you left out the decoupled RoPE key ({rope} values per layer), which MLA caches "
                      f"beside the latent")
@@ -98,7 +99,7 @@ def check_paged_waste(fn):
             shown = f"{lengths[:6]}{'...' if len(lengths) > 6 else ''}"
             call = f"paged_waste({shown}, {block})"
             passed = list(lengths)
-            got = as_number(learner_call(fn, (passed, block), call, (kvcache.paged_waste,)), call,
+            got = as_number(learner_call(fn, (passed, block), call, (kvcache.paged_waste,), library=True), call,
                             "a number of token slots")
             expect(passed == lengths, f"{call}: your function changed the list of lengths it was given; work on a "
                                       f"copy")
@@ -116,6 +117,30 @@ def check_paged_waste(fn):
     return "sum of ceil(n / block) * block - n: less than one block per sequence"
 
 
+def _sharing(demand, n, mode, **instead):
+    """The right utilisation, except for the modes in `instead` ({mode: fn(demand, n)})."""
+    if mode in instead:
+        return instead[mode](demand, n)
+    return sharing.shared_utilisation(demand, n, mode)
+
+
+SHARING_MISTAKES = [  # (what it is, what that mistake returns): named when every case matches it
+    ("time slicing runs one job at a time, each at its own demand while it runs: the utilisation is the demand, not "
+     "demand / n_jobs", lambda d, n, m: _sharing(d, n, m, **{"time-slicing": lambda d, n: d / n})),
+    ("MIG cuts an H100 into at most 7 compute slices of 1/7 each, not 8",
+     lambda d, n, m: _sharing(d, n, m, mig=lambda d, n: min(n, 8) * min(d, 1 / 8))),
+    ("under MPS the jobs' kernels run at the same time, so their demands add up (to at most the whole GPU); that "
+     "is time slicing's answer", lambda d, n, m: _sharing(d, n, m, mps=lambda d, n: d)),
+    ("MIG cuts the GPU into fixed 1/7 slices: a job cannot use another's idle slice, as the jobs share the GPU "
+     "under MPS", lambda d, n, m: _sharing(d, n, m, mig=lambda d, n: min(1.0, n * d))),
+    ("the MIG and MPS formulas are swapped", lambda d, n, m: _sharing(
+        d, n, m, mig=lambda d, n: min(1.0, n * d), mps=lambda d, n: min(n, 7) * min(d, 1 / 7))),
+    ("the demand is a fraction of the whole GPU, not of a 1/7 MIG slice",
+     lambda d, n, m: _sharing(d, n, m, mig=lambda d, n: min(n, 7) * d / 7)),
+    ("that is a percentage; return a fraction of the GPU (0 to 1)", lambda d, n, m: 100 * _sharing(d, n, m)),
+]
+
+
 @checker("11.4", "GPU sharing utilisation")
 def check_shared_utilisation(fn):
     """fn(demand, n_jobs, mode) -> fraction of the GPU kept busy; mode in time-slicing, mig, mps (7 MIG slices)."""
@@ -124,12 +149,19 @@ def check_shared_utilisation(fn):
         cases_ = [(0.1, 7, "mig"), (0.3, 3, "mig"), (0.1, 10, "mig"), (0.3, 5, "mps"), (0.1, 4, "time-slicing"),
                   (0.2, 3, "mps"), (0.05, 9, "mig")] + [
             (round(rng.uniform(0.02, 1.0), 3), rng.randint(1, 12), rng.choice(sharing.MODES)) for _ in range(8)]
+        rows = []
         for demand, n, mode in cases_:
-            expected = sharing.shared_utilisation(demand, n, mode)
-            where = f"demand={demand}, n_jobs={n}, mode={mode!r}"
             call = f"shared_utilisation({demand}, {n}, {mode!r})"
-            got = as_number(learner_call(fn, (demand, n, mode), call, (sharing.shared_utilisation,)), call,
-                            "a fraction")
+
+            def ask():
+                got = as_number(learner_call(fn, (demand, n, mode), call, (sharing.shared_utilisation,),
+                                             library=True), call, "a fraction")
+                return call, (demand, n, mode), got, sharing.shared_utilisation(demand, n, mode)
+            if not answered(rows, ask):
+                break
+        name_formula(rows, SHARING_MISTAKES)
+        for call, (demand, n, mode), got, expected in rows:
+            where = f"demand={demand}, n_jobs={n}, mode={mode!r}"
             if mode == "mig" and demand > 1 / 7 and math.isclose(got, min(n, 7) * demand):
                 fail(f"{where}: a MIG instance is a hard slice of 1/7 of the SMs; a job cannot use more than its "
                      f"slice however much it wants")
@@ -151,7 +183,7 @@ def _number(fn, name: str, args: tuple, reference, what: str) -> float:
     """The learner's fn(*args) as one number; a crash, a call to `reference` or another type is a verdict that
     writes the call out."""
     text = f"{name}({', '.join(map(str, args))})"
-    return as_number(learner_call(fn, args, text, (reference,)), text, what)
+    return as_number(learner_call(fn, args, text, (reference,), library=True), text, what)
 
 
 @checker("11.7", "checkpoint seconds from size, ranks and bandwidth")
@@ -180,6 +212,8 @@ def check_checkpoint_seconds(fn):
                                   "not the sum"),
                 (size / (ranks * nic / 8 + store), "bandwidths in series do not add: the slower limit sets the pace"),
                 (min(nic_s, store_s), "the FASTER of the two limits: the write goes at the pace of the slower one"),
+                (max(size / ranks / (nic * 8), store_s), "you multiplied the Gbps by 8; gigabits to gigabytes is / 8"),
+                (max(nic_s, size / (store / 8)), "storage_gbs is already GB/s (bytes): only the NIC's Gbps needs / 8"),
                 (expected / 60, "minutes, not seconds"),
                 (expected * 1e9 / 2**30, "GB are 1e9 bytes here, not GiB"),
                 (expected * 2**30 / 1e9, "GB are 1e9 bytes here, not GiB"),
@@ -288,7 +322,7 @@ def check_write_durably(write_durably):
             before, fds, events = set(os.listdir(directory)), _open_fds(), []
             call = f"write_durably(data, path) for {what}"
             with _watch_os(events):
-                learner_call(write_durably, (data, path), call, (storage.write_durably,))
+                learner_call(write_durably, (data, path), call, (storage.write_durably,), library=True)
             wrong = _durable_verdict(events, data, path, before)
             if wrong:
                 fail(f"{call}: {wrong}")
@@ -335,17 +369,22 @@ PATIENCE_S = 3.0  # how long a checker waits for a save() or wait() of the learn
 
 
 def _within(seconds: float, fn, *args):
-    """fn(*args) in a helper thread: (returned in time, its result or exception)."""
+    """fn(*args) in a helper thread, under the library watch: (returned in time, its result or exception); a call
+    from the learner's method into the workbook's library (its own AsyncCheckpointer among them) is a verdict."""
     box = {}
 
     def run():
-        try:
-            box["result"] = fn(*args)
-        except BaseException as exc:  # handed back to the checker
-            box["error"] = exc
+        with watched((), (), True) as called:
+            try:
+                box["result"] = fn(*args)
+            except BaseException as exc:  # handed back to the checker
+                box["error"] = exc
+        box["called"] = called
     t = threading.Thread(target=run, daemon=True)
     t.start()
     t.join(seconds)
+    if box.get("called"):
+        raise refused(f"your AsyncCheckpointer's {getattr(fn, '__name__', 'method')}()", box["called"][0])
     return (not t.is_alive()), box
 
 
@@ -356,16 +395,27 @@ def _method(ck, name: str, *args):
     return fn
 
 
+def _save(ck, state, path):
+    """The learner's save(state, path), watched; its error is raised here."""
+    _, box = _within(PATIENCE_S, _method(ck, "save"), state, path)
+    if "error" in box:
+        raise box["error"]
+
+
 @checker("11.6", "an asynchronous checkpoint writer",
          in_kernel="it runs the learner's writer thread against writes it controls and times")
 def check_async_checkpointer(AsyncCheckpointer):
     """AsyncCheckpointer(write) with save(state, path) (stage, queue, return), wait() (every save durable, a write's
     error re-raised) and close(): one background thread writes the saves in order."""
+    if AsyncCheckpointer is storage.AsyncCheckpointer:
+        fail("you passed storage.AsyncCheckpointer itself, the reference this exercise asks you to write; write "
+             "your own class")
     if isinstance(AsyncCheckpointer, type) and issubclass(AsyncCheckpointer, storage.AsyncCheckpointer):
         fail("your class inherits storage.AsyncCheckpointer, the reference this exercise asks you to write")
     threads_before = set(threading.enumerate())
     writes = _Writes(held=("a",), failing=("bad",))
-    ck = learner_call(AsyncCheckpointer, (writes,), "AsyncCheckpointer(write)", ((writer, "AsyncCheckpointer"),))
+    ck = learner_call(AsyncCheckpointer, (writes,), "AsyncCheckpointer(write)", ((writer, "AsyncCheckpointer"),),
+                      library=True)
     x = torch.zeros(8)
     done, box = _within(PATIENCE_S, _method(ck, "save"), {"x": x}, "a")
     if not done:
@@ -375,7 +425,7 @@ def check_async_checkpointer(AsyncCheckpointer):
     if "error" in box:
         raise box["error"]
     x += 1  # the next training step changes the tensor in place while 'a' is still being written
-    _method(ck, "save")({"x": x}, "b")
+    _save(ck, {"x": x}, "b")
     time.sleep(0.05)
     if writes.max_active > 1:
         writes.release()
@@ -393,13 +443,13 @@ def check_async_checkpointer(AsyncCheckpointer):
     expect(tensor is not x and values.tolist() == [0.0] * 8,
            "the checkpoint 'a' holds values changed after save() returned: copy (stage) every tensor in save() -- "
            "the training step may change them in place as soon as save() returns")
-    _method(ck, "save")({"x": x}, "bad")
+    _save(ck, {"x": x}, "bad")
     done, box = _within(PATIENCE_S, _method(ck, "wait"))
     expect(done, "wait() did not return after a write failed: the writer thread must go on (and mark the save done) "
                  "when a write raises")
     expect("error" in box, "the write of 'bad' raised OSError (No space left on device) in the writer thread, and "
                            "wait() returned as if it had been saved: keep the error and re-raise it from wait()")
-    _method(ck, "save")({"x": x}, "c")
+    _save(ck, {"x": x}, "c")
     done, box = _within(PATIENCE_S, _method(ck, "wait"))
     expect(not (done and "c" in writes.got and "error" in box),
            "wait() raised the old error again after the next save was written: re-raise each error once (take it "
