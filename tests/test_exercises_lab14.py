@@ -42,6 +42,17 @@ def test_kv_bytes_right_and_stub():
     assert check_kv_bytes_per_token(stub).status == "not attempted"
 
 
+def test_kv_bytes_right_answers_written_differently():
+    """Right answers by another route: no workbook code, a sum over layers, integers."""
+    def per_layer(cfg, b):
+        one = (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] if cfg["attention"] == "mla"
+               else 2 * cfg["num_key_value_heads"] * cfg["head_dim"])
+        return float(sum(one * b for _ in range(cfg["num_hidden_layers"])))
+    assert check_kv_bytes_per_token(per_layer).passed
+    assert check_kv_bytes_per_token(lambda c, b: int(right_kv(c, b)) if float(right_kv(c, b)).is_integer()
+                                    else right_kv(c, b)).passed
+
+
 @pytest.mark.parametrize("wrong, match", [
     (lambda c, b: right_kv(c, b, rope=False), r"leaves out the decoupled RoPE key"),
     (lambda c, b: right_kv(c, b, twice=True), r"caches the latent twice"),
@@ -95,6 +106,34 @@ def test_absorbed_right_and_stub():
     assert check_absorbed_attention(stub).status == "not attempted"
 
 
+def _absorbed_by_head(q_nope, q_rope, latent, k_rope, w_uk, w_uv, scale):
+    """Right: one head at a time, matmuls instead of einsum."""
+    Q, T = q_nope.shape[0], latent.shape[0]
+    keep = torch.arange(T)[None, :] <= torch.arange(T - Q, T)[:, None]
+    out = []
+    for h in range(q_nope.shape[1]):
+        s = ((q_nope[:, h] @ w_uk[h]) @ latent.T + q_rope[:, h] @ k_rope.T) * scale
+        out.append(torch.softmax(s.masked_fill(~keep, -math.inf), -1) @ latent @ w_uv[h])
+    return torch.stack(out, 1)
+
+
+def _absorbed_sdpa(q_nope, q_rope, latent, k_rope, w_uk, w_uv, scale):
+    """Right: the MQA form through torch's SDPA, with the mask aligned bottom-right by hand."""
+    import torch.nn.functional as F
+    Q, T = q_nope.shape[0], latent.shape[0]
+    q = torch.cat([torch.einsum("qhd,hdc->hqc", q_nope, w_uk), q_rope.transpose(0, 1)], -1)
+    kv = torch.cat([latent, k_rope], -1)
+    keep = torch.arange(T)[None, :] <= torch.arange(T - Q, T)[:, None]
+    o = F.scaled_dot_product_attention(q, kv.expand(q.shape[0], -1, -1), latent.expand(q.shape[0], -1, -1),
+                                       attn_mask=keep, scale=scale)
+    return torch.einsum("hqc,hcv->qhv", o, w_uv)
+
+
+def test_absorbed_right_answers_written_differently():
+    assert check_absorbed_attention(_absorbed_by_head).passed
+    assert check_absorbed_attention(_absorbed_sdpa).passed
+
+
 def _modifies(q_nope, q_rope, latent, k_rope, w_uk, w_uv, scale):
     latent.mul_(1.0)
     q_nope.add_(0.0)
@@ -140,6 +179,19 @@ def test_gather_right_and_stub():
     assert check_gather_paged(stub).status == "not attempted"
 
 
+def test_gather_right_answers_written_differently():
+    def by_blocks(kv, row, length):
+        page = kv.shape[1]
+        parts = [kv[int(row[j])] for j in range(-(-length // page))]
+        return torch.cat(parts)[:length]
+
+    def flat_index(kv, row, length):
+        t = torch.arange(length)
+        return kv.flatten(0, 1)[row.long()[t // kv.shape[1]] * kv.shape[1] + t % kv.shape[1]]
+    assert check_gather_paged(by_blocks).passed
+    assert check_gather_paged(flat_index).passed
+
+
 def _whole_blocks(kv, row, length):
     n = -(-length // kv.shape[1])
     return kv[row.long()[:n]].reshape(-1, kv.shape[2])
@@ -183,6 +235,8 @@ def right_intensity(B, A, W, T, kvb, af, two=2, kv=True, per_seq=False, attn=Tru
 def test_intensity_right_and_stub():
     assert check_decode_intensity(right_intensity).passed
     assert check_decode_intensity(stub).status == "not attempted"
+    per_seq = lambda B, A, W, T, kvb, af: (2 * A + T * af) / (W / B + T * kvb)     # noqa: E731  (per sequence)
+    assert check_decode_intensity(per_seq).passed
 
 
 @pytest.mark.parametrize("wrong, match", [
@@ -274,7 +328,7 @@ def test_schedule_step_right_and_stub():
 def test_schedule_step_wrong_policies_named(cls, why):
     """Each wrong policy is named as itself, whatever the random states (three seeds)."""
     assert len(lc.SCHEDULER_MISTAKES) >= 10
-    for seed in (1, 2, 3):
+    for seed in (2, 3):                    # seed 1 runs in the audit (tests/wrong_answers/lab14.py)
         with pytest.raises(CheckFailed, match=re.escape(why)):
             check_schedule_step(_scheduler_as_learner(cls), seed=seed)
 
@@ -348,7 +402,7 @@ def test_paged_decode_right_and_stub():
                                                                  for f, _ in lc.DECODE_MISTAKES])
 def test_paged_decode_mistakes_named(flags, why):
     assert len(lc.DECODE_MISTAKES) >= 10
-    for seed in (1, 2, 3):
+    for seed in (2, 3):                    # seed 1 runs in the audit
         with pytest.raises(CheckFailed, match=re.escape(why)):
             check_paged_mla_decode(DecodeAnswer(flags), seed=seed)
 
@@ -441,7 +495,7 @@ def test_prefix_cache_right_and_stub():
 @pytest.mark.parametrize("cls, why", lc.PREFIX_MISTAKES, ids=[c.__name__ for c, _ in lc.PREFIX_MISTAKES])
 def test_prefix_cache_wrong_policies_named(cls, why):
     assert len(lc.PREFIX_MISTAKES) >= 10
-    for seed in (1, 2, 3):
+    for seed in (2, 3):                    # seed 1 runs in the audit
         with pytest.raises(CheckFailed, match=re.escape(why)):
             check_prefix_cache(*_prefix_as_learner(cls), seed=seed)
 
