@@ -635,3 +635,23 @@ def test_block_names_must_not_change_the_tokens():
 def test_hit_tokens_mistakes_named(wrong, why):
     with pytest.raises(CheckFailed, match=re.escape(why)):
         check_hit_tokens(wrong)
+
+
+def test_the_grader_sees_the_same_routes(monkeypatch):
+    """Through the grader's wire (a loopback): the library watch, the checker's own code and what an exercise hands
+    over (scheduler.Seq) hold as in a kernel."""
+    from common.core import checks
+    from common.exercises import remote
+    from common.exercises.lab14_cases import mla_cases
+    from common.kernels import mla
+    monkeypatch.setattr(checks, "submission_hook", remote.loopback_hook)
+
+    def via_helpers(q_nope, q_rope, latent, k_rope, w_uk, w_uv, scale):
+        q, kv = mla.mqa_inputs(q_nope, q_rope, latent, k_rope, w_uk)
+        return torch.einsum("qhc,hcv->qhv", mla.mqa_attention(q, kv, latent.shape[1], scale)[0], w_uv)
+    with pytest.raises(CheckFailed, match=r"called common\.kernels\.mla\.mqa_(inputs|attention), the workbook's own"):
+        check_absorbed_attention(via_helpers)
+    with pytest.raises(CheckFailed, match=r"mla_cases\.intensity_reference, the checker's own code"):
+        check_decode_intensity(lambda *a: mla_cases.intensity_reference(*a))
+    assert check_decode_intensity(right_intensity).passed
+    assert check_schedule_step(schedule_step).passed

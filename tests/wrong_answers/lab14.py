@@ -226,6 +226,7 @@ SCHEDULE = [(_scheduler_as_learner(cls), re.escape(why)) for cls, why in lc.SCHE
 DECODE = [(DecodeAnswer(flags), re.escape(why)) for flags, why in lc.DECODE_MISTAKES] + [
     (lambda *a: paged_mla_decode(*a).transpose(1, 2), r"= \(B, S, H, v_dim\)"),
     (lambda *a: mla_decode.paged_mla(*a), REFERENCE),
+    (functools.partial(mla_decode.paged_mla), REFERENCE),           # the reference itself, under another wrapper
     (lambda *a: lc.decode_variant(dict(zip(lc.DECODE_ARGS, a))), CHECKER),
 ]
 
