@@ -391,7 +391,23 @@ def _gathered(q_nope, q_rope, kv_cache, block_table, seq_lens, w_uk, w_uv, scale
     return torch.stack(out)
 
 
+def _decode_by_head(q_nope, q_rope, kv_cache, block_table, seq_lens, w_uk, w_uv, scale):
+    """Right too: one sequence and one head at a time, matmuls, the query absorbed by broadcasting."""
+    S, page, kv_lora = q_nope.shape[1], kv_cache.shape[1], w_uk.shape[2]
+    out = torch.zeros(q_nope.shape[:3] + (w_uv.shape[2],), dtype=torch.float64)
+    for b in range(q_nope.shape[0]):
+        n = int(seq_lens[b])
+        rows = torch.cat([kv_cache[int(block_table[b, j])] for j in range(-(-n // page))])[:n]
+        hide = torch.arange(n)[None, :] > (n - S + torch.arange(S))[:, None]
+        for h in range(q_nope.shape[2]):
+            q_lat = (q_nope[b, :, h, :, None] * w_uk[h]).sum(-2)                   # (S, kv_lora)
+            s = (q_lat @ rows[:, :kv_lora].T + q_rope[b, :, h] @ rows[:, kv_lora:].T) * scale
+            out[b, :, h] = torch.softmax(s.masked_fill(hide, -math.inf), -1) @ rows[:, :kv_lora] @ w_uv[h]
+    return out
+
+
 def test_paged_decode_right_and_stub():
+    assert check_paged_mla_decode(_decode_by_head).passed
     assert check_paged_mla_decode(paged_mla_decode).passed
     assert check_paged_mla_decode(_gathered).passed
     assert check_paged_mla_decode(lambda *a: _gathered(*a, dtype=torch.float32)).passed     # float32 is fine

@@ -7,6 +7,7 @@ Each checker starts with fixed, asymmetric cases (no two mistakes give the same 
 fresh seed that a failure prints."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -93,9 +94,7 @@ def check_absorbed_attention(absorbed_attention, cases):
         for a, k in zip(args, ("q_nope", "q_rope", "latent", "k_rope", "w_uk", "w_uv")):
             expect(torch.equal(a, c[k]), f"{where} changed its input {k}; leave the inputs as they are")
         if guard.seen:
-            fail(f"{where}: {guard.seen[0]} formed per-head {guard.seen[2]} of shape {guard.seen[1]} -- that is the "
-                 f"decompressed form (latent x W_{'uk' if guard.seen[2] == 'keys' else 'uv'} per token and head); "
-                 f"absorb W_uk into the query, attend the latent itself, and apply W_uv after the attention")
+            fail(mc.decompressed_verdict(where, guard.seen))
         if got.shape != expected.shape:
             fail(f"{where}: shape {tuple(got.shape)}, expected {tuple(expected.shape)} = (Q, H, v_dim): apply W_uv "
                  f"(H, kv_lora, v_dim) to the attention's latent output, head by head")
@@ -245,13 +244,17 @@ def check_paged_mla_decode(paged_mla_decode, cases):
                  f"{c['q_rope'].shape[3]}, page={c['kv_cache'].shape[1]}, seq_lens={c['seq_lens'].tolist()}, "
                  f"scale={c['scale']:.4g}){cases.tag(is_random)}")
         args = tuple(c[k].clone() if isinstance(c[k], torch.Tensor) else c[k] for k in lc.DECODE_ARGS)
-        got = call(paged_mla_decode, args, where, refs)
+        guard = mc.decode_guard(c)
+        with guard or contextlib.nullcontext():
+            got = call(paged_mla_decode, args, where, refs)
         expected = mla_decode.paged_mla(*[c[k] for k in lc.DECODE_ARGS])
         if not isinstance(got, torch.Tensor):
             fail(f"{where} returned {type(got).__name__}; expected a tensor of shape {tuple(expected.shape)}")
         for a, k in zip(args, lc.DECODE_ARGS):
             expect(not isinstance(a, torch.Tensor) or torch.equal(a, c[k]),
                    f"{where} changed its input {k}; leave the inputs as they are")
+        if guard is not None and guard.seen:
+            fail(mc.decompressed_verdict(where, guard.seen))
         if got.shape == expected.shape[:3] + (c["w_uk"].shape[2],):
             fail(f"{where}: shape {tuple(got.shape)} is the latent output: apply W_uv (H, kv_lora, v_dim) head by "
                  f"head after the attention")

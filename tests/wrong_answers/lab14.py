@@ -301,3 +301,22 @@ WRONG = {
     one_thread(lab14.check_block_names): NAMES,
     one_thread(lab14.check_hit_tokens): HITS,
 }
+
+
+def _decode_decompressed(q_nope, q_rope, kv_cache, block_table, seq_lens, w_uk, w_uv, scale):
+    """Gathers each sequence, then per-head keys and values (the decompressed form), one softmax."""
+    S, page, kv_lora = q_nope.shape[1], kv_cache.shape[1], w_uk.shape[2]
+    out = []
+    for b in range(q_nope.shape[0]):
+        n = int(seq_lens[b])
+        t = torch.arange(n)
+        cache = kv_cache[block_table[b, t // page].long(), t % page]
+        keys = torch.einsum("tc,hdc->htd", cache[:, :kv_lora], w_uk)
+        values = torch.einsum("tc,hcv->htv", cache[:, :kv_lora], w_uv)
+        s = (torch.einsum("shd,htd->sht", q_nope[b], keys) + torch.einsum("shr,tr->sht", q_rope[b], cache[:, kv_lora:]))
+        s = (s * scale).masked_fill(t > (n - S + torch.arange(S))[:, None, None], -math.inf)
+        out.append(torch.einsum("sht,htv->shv", torch.softmax(s, -1), values))
+    return torch.stack(out)
+
+
+DECODE.append((_decode_decompressed, "formed per-head keys"))

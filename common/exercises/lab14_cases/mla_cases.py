@@ -114,8 +114,39 @@ def mla_dims_ok(d, T: int, Q: int) -> bool:
 def per_head_guard(T: int, d):
     """A TorchFunctionMode that records the first tensor produced with a token axis (T) beside per-head widths:
     keys (T, nope) or values (T, v_dim) of one head, or of all heads -- the decompressed form."""
-    from torch.overrides import TorchFunctionMode
     widths = {d.nope: "keys", d.heads * d.nope: "keys", d.v_dim: "values", d.heads * d.v_dim: "values"}
+
+    def judge(shape, numel):
+        return widths.get(numel // T) if T in shape and len(shape) >= 2 else None
+    return shape_guard(judge)
+
+
+def decode_guard(c: dict):
+    """14.7's guard: a tensor with a nope or v_dim axis whose other axes are not made of the batch, the heads, the
+    latent's widths and the cache's and table's shapes holds keys or values per token and head (the decompressed
+    form). None when the case's widths collide (the guard could misfire)."""
+    B, S, H, nope = c["q_nope"].shape
+    kv_lora, rope, v_dim = c["w_uk"].shape[2], c["q_rope"].shape[3], c["w_uv"].shape[2]
+    parts = [B, S, H, kv_lora, rope, kv_lora + rope, *c["kv_cache"].shape[:2], c["block_table"].shape[1]]
+    if {nope, v_dim} & set(parts) or 1 in (nope, v_dim):
+        return None
+    legit = {1}
+    for p in parts:
+        legit |= {x * p for x in legit}
+    widths = {nope: "keys", v_dim: "values"}
+
+    def judge(shape, numel):
+        for n, label in widths.items():
+            if n in shape and numel // n not in legit:
+                return label
+        return None
+    return shape_guard(judge)
+
+
+def shape_guard(judge):
+    """A TorchFunctionMode whose `seen` is (function, shape, judge's label) of the first tensor produced that
+    `judge(shape, numel)` labels."""
+    from torch.overrides import TorchFunctionMode
 
     class Guard(TorchFunctionMode):
         seen = None
@@ -123,12 +154,18 @@ def per_head_guard(T: int, d):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
-                if self.seen is None and isinstance(t, torch.Tensor) and T in t.shape and t.dim() >= 2:
-                    rest = t.numel() // T
-                    if rest in widths:
-                        self.seen = (getattr(func, "__name__", str(func)), tuple(t.shape), widths[rest])
+                if self.seen is None and isinstance(t, torch.Tensor) and t.dim() >= 2:
+                    label = judge(tuple(t.shape), t.numel())
+                    if label:
+                        self.seen = (getattr(func, "__name__", str(func)), tuple(t.shape), label)
             return out
     return Guard()
+
+
+def decompressed_verdict(where: str, seen) -> str:
+    return (f"{where}: {seen[0]} formed per-head {seen[2]} of shape {seen[1]} -- that is the decompressed form "
+            f"(latent x W_{'uk' if seen[2] == 'keys' else 'uv'} per token and head); absorb W_uk into the query, "
+            f"attend the latent itself, and apply W_uv after the attention")
 
 
 def scores_variant(c, scale, rope=True, causal="right", softmax_over="keys", scale_rope=True):
