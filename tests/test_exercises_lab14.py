@@ -374,8 +374,10 @@ def paged_mla_decode(q_nope, q_rope, kv_cache, block_table, seq_lens, w_uk, w_uv
     return torch.stack(out)
 
 
-def _gathered(q_nope, q_rope, kv_cache, block_table, seq_lens, w_uk, w_uv, scale, dtype=torch.float64):
-    """Right too: each sequence gathered whole, then one softmax (not block by block), in `dtype`."""
+def _gathered(q_nope, q_rope, kv_cache, block_table, seq_lens, w_uk, w_uv, scale, dtype=torch.float64,
+              decompressed=False):
+    """Right too: each sequence gathered whole, then one softmax (not block by block), in `dtype`. `decompressed`:
+    per-head keys and values formed, the form the exercise forbids."""
     a = [x.to(dtype) for x in (q_nope, q_rope, kv_cache, w_uk, w_uv)]
     q_nope, q_rope, kv_cache, w_uk, w_uv = a
     S, page, kv_lora = q_nope.shape[1], kv_cache.shape[1], w_uk.shape[2]
@@ -384,10 +386,16 @@ def _gathered(q_nope, q_rope, kv_cache, block_table, seq_lens, w_uk, w_uv, scale
         n = int(seq_lens[b])
         t = torch.arange(n)
         cache = kv_cache[block_table[b, t // page].long(), t % page]
-        s = (torch.einsum("shd,hdc,tc->sht", q_nope[b], w_uk, cache[:, :kv_lora])
-             + torch.einsum("shr,tr->sht", q_rope[b], cache[:, kv_lora:])) * scale
+        if decompressed:
+            keys, values = (torch.einsum("tc,hdc->htd", cache[:, :kv_lora], w_uk),
+                            torch.einsum("tc,hcv->htv", cache[:, :kv_lora], w_uv))
+            nope_scores = torch.einsum("shd,htd->sht", q_nope[b], keys)
+        else:
+            nope_scores = torch.einsum("shd,hdc,tc->sht", q_nope[b], w_uk, cache[:, :kv_lora])
+        s = (nope_scores + torch.einsum("shr,tr->sht", q_rope[b], cache[:, kv_lora:])) * scale
         s = s.masked_fill(t > (n - S + torch.arange(S))[:, None, None], -math.inf)
-        out.append(torch.einsum("sht,tc,hcv->shv", torch.softmax(s, -1), cache[:, :kv_lora], w_uv))
+        out.append(torch.einsum("sht,htv->shv", torch.softmax(s, -1), values) if decompressed else
+                   torch.einsum("sht,tc,hcv->shv", torch.softmax(s, -1), cache[:, :kv_lora], w_uv))
     return torch.stack(out)
 
 

@@ -15,7 +15,7 @@ from common.exercises.lab14_cases import warmup_cases as wc
 from common.exercises.lab14_cases.decode_cases import DecodeAnswer
 from common.kernels import mla, mla_decode
 from common.systems.inference import kvcache, paged_kv, prefix_cache, scheduler
-from test_exercises_lab14 import (_as_mask, _prefix_as_learner, _scheduler_as_learner, _swapped, allocate,
+from test_exercises_lab14 import (_as_mask, _gathered, _prefix_as_learner, _scheduler_as_learner, _swapped, allocate,
                                   block_names, hit_tokens, new_token_mask, paged_mla_decode, release, schedule_step)
 
 LIBRARY = r"the workbook's own code"
@@ -303,20 +303,5 @@ WRONG = {
 }
 
 
-def _decode_decompressed(q_nope, q_rope, kv_cache, block_table, seq_lens, w_uk, w_uv, scale):
-    """Gathers each sequence, then per-head keys and values (the decompressed form), one softmax."""
-    S, page, kv_lora = q_nope.shape[1], kv_cache.shape[1], w_uk.shape[2]
-    out = []
-    for b in range(q_nope.shape[0]):
-        n = int(seq_lens[b])
-        t = torch.arange(n)
-        cache = kv_cache[block_table[b, t // page].long(), t % page]
-        keys = torch.einsum("tc,hdc->htd", cache[:, :kv_lora], w_uk)
-        values = torch.einsum("tc,hcv->htv", cache[:, :kv_lora], w_uv)
-        s = (torch.einsum("shd,htd->sht", q_nope[b], keys) + torch.einsum("shr,tr->sht", q_rope[b], cache[:, kv_lora:]))
-        s = (s * scale).masked_fill(t > (n - S + torch.arange(S))[:, None, None], -math.inf)
-        out.append(torch.einsum("sht,htv->shv", torch.softmax(s, -1), values))
-    return torch.stack(out)
 
-
-DECODE.append((_decode_decompressed, "formed per-head keys"))
+DECODE.append((functools.partial(_gathered, decompressed=True), "formed per-head keys"))
