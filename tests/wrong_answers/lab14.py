@@ -287,6 +287,7 @@ MASK = [(_as_mask(wrong), re.escape(why)) for wrong, why in wc.MASK_MISTAKES] + 
 HITS = [(wrong, re.escape(why)) for wrong, why in wc.HIT_MISTAKES] + [
     (lambda nm, c, n, bs: [hit_tokens(nm, c, n, bs)], "returned list"),
     (lambda nm, c, n, bs: wc.hit_right(nm, c, n, bs), CHECKER),
+    (functools.partial(wc.hit_right), CHECKER),                       # the checker's right answer, wrapped
 ]
 
 WRONG = {

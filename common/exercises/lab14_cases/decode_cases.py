@@ -143,6 +143,8 @@ class DecodeAnswer:
     checker's own code)."""
 
     def __init__(self, flags: dict):
+        if not flags:
+            raise ValueError("DecodeAnswer stands for a named mistake: give it the flags of one")
         self.flags = flags
 
     def __call__(self, *args):

@@ -51,6 +51,7 @@ def call(fn, args: tuple, where: str, references=(), allowed=()):
     else:
         seen: list = []
         codes = {f.__code__: _reference_name(f) for f in own}
+        functions = {f.__code__ for f in own if "." not in f.__qualname__}   # a partial of one: called from spied
 
         def spied(*a):
             before = sys.getprofile()
@@ -58,9 +59,11 @@ def call(fn, args: tuple, where: str, references=(), allowed=()):
             def profile(frame, event, arg):
                 if before is not None:
                     before(frame, event, arg)
-                if event == "call" and frame.f_code in codes and frame.f_back is not None \
-                        and not frame.f_back.f_code.co_filename.startswith(COMMON):
-                    seen.append(codes[frame.f_code])
+                if event == "call" and frame.f_code in codes and frame.f_back is not None:
+                    caller = frame.f_back.f_code
+                    if not caller.co_filename.startswith(COMMON) or (caller is spied.__code__
+                                                                      and frame.f_code in functions):
+                        seen.append(codes[frame.f_code])
             sys.setprofile(profile)
             try:
                 return fn(*a)
