@@ -7,14 +7,17 @@ Each checker starts with fixed, asymmetric cases (no two mistakes give the same 
 fresh seed that a failure prints."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
 
 from common.core.checks import checker, expect, expect_close, fail, near
 from common.exercises import lab14_cases as lc
+from common.exercises.lab14_cases import mla_cases as mc
 from common.exercises.lab14_cases import warmup_cases as wc
-from common.exercises.cases import as_number, fresh_cases, learner_call, replayable
+from common.exercises.lab14_cases.watch import call
+from common.exercises.cases import as_number, fresh_cases, replayable
 from common.facts import models
 from common.kernels import mla, mla_decode
 from common.systems.inference import kvcache, prefix_cache, scheduler, service
@@ -23,13 +26,6 @@ NUMBER = "one number (a float)"
 
 
 # ---------------------------------------------------------------- 14.1
-
-def _kv_reference(cfg, b) -> float:
-    L = cfg["num_hidden_layers"]
-    if cfg["attention"] == "mla":
-        return kvcache.mla_bytes_per_token(L, cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], b)
-    return kvcache.kv_bytes_per_token(L, cfg["num_key_value_heads"], cfg["head_dim"], cfg["head_dim"], b)
-
 
 def _kv_configs(rng) -> list:
     v3, llama = models.load_model_config("deepseek_v3"), models.load_model_config("llama3_70b")
@@ -49,59 +45,31 @@ def _kv_configs(rng) -> list:
 def check_kv_bytes_per_token(kv_bytes_per_token, cases):
     """kv_bytes_per_token(cfg, bytes_per_value) -> bytes one token adds to the KV cache of the whole model: MLA
     (cfg["attention"] == "mla") caches one latent plus one RoPE key per layer; GQA caches K and V of every KV head."""
+    rows = []
     for cfg, b, is_random in _kv_configs(cases.rng):
-        expected = _kv_reference(cfg, b)
-        L = cfg["num_hidden_layers"]
+        expected = mc.kv_reference(cfg, b)
         where = f"kv_bytes_per_token({cfg.name} config{' (changed)' if is_random else ''}, {b}){cases.tag(is_random)}"
-        got = as_number(learner_call(kv_bytes_per_token, (cfg, b), where,
-                                     (kvcache.mla_bytes_per_token, kvcache.kv_bytes_per_token)), where, NUMBER)
-        if cfg["attention"] == "mla":
-            nh, qk, vd = cfg["num_attention_heads"], cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"], cfg["v_head_dim"]
-            mistakes = [(L * cfg["kv_lora_rank"] * b, "leaves out the decoupled RoPE key MLA caches beside the latent"),
-                        (L * (2 * cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * b,
-                         "caches the latent twice (as K and as V); MLA recovers both from ONE latent"),
-                        (L * nh * (qk + vd) * b, "is the MHA-equivalent cache (K and V of every head); MLA caches "
-                                                 "the compressed latent instead"),
-                        (expected / L, "is one layer's cache; every layer caches its own latent")]
-        else:
-            kv, hd, nh = cfg["num_key_value_heads"], cfg["head_dim"], cfg["num_attention_heads"]
-            mistakes = [(L * nh * 2 * hd * b, f"caches K and V for all {nh} query heads; grouped-query attention "
-                                              f"caches only the {kv} KV heads"),
-                        (expected / 2, "counts K or V alone; both are cached"),
-                        (expected / L, "is one layer's cache; every layer has its own")]
-        mistakes += [(expected / b, "counts values, not bytes: multiply by bytes_per_value"),
-                     (expected / b * 2, "uses 2 bytes per value whatever bytes_per_value says"),
-                     (expected * 8, "is in bits, not bytes")]
-        for value, why in mistakes:
-            if near(got, value, 1e-12) and not near(got, expected, 1e-12):
-                fail(f"{where} = {got:.10g}: that {why} (expected {expected:.10g})")
-        expect_close(got, expected, where, rtol=1e-12, atol=0.0)
+        got = as_number(call(kv_bytes_per_token, (cfg, b), where,
+                             (kvcache.mla_bytes_per_token, kvcache.kv_bytes_per_token)), where, NUMBER)
+        rows.append((where, got, expected, mc.kv_mistakes(cfg, b, expected)))
+    mc.name_number_mistake(rows, 1e-12)
     return "DeepSeek-V3: 576 values x 2 B x 61 layers = 70,272 B per token; Llama-3-70B (GQA, 8 KV heads): 327,680 B"
 
 
 # ---------------------------------------------------------------- 14.2
 
 def _mla_case(cases, is_random: bool):
+    """A case whose shapes tell the per-head keys and values apart from every tensor of the absorbed form."""
     rng = cases.rng
     if is_random:
-        nope = rng.choice([8, 12, 24])
-        d = mla.MLADims(rng.randint(2, 6), rng.choice([16, 20, 40]), nope, rng.choice([4, 6, 10]),
-                        rng.choice([8, 14, 20]))
-        return d, mla.random_case(d, rng.randint(5, 40), rng.randint(1, 3), cases.gen)
+        while True:
+            d = mla.MLADims(rng.randint(2, 6), rng.choice([16, 20, 40]), rng.choice([8, 12, 24]),
+                            rng.choice([4, 6, 10]), rng.choice([8, 14, 20]))
+            T, Q = rng.randint(5, 40), rng.randint(1, 3)
+            if mc.mla_dims_ok(d, T, Q):
+                return d, mla.random_case(d, T, Q, cases.gen)
     d = mla.MLADims(3, 20, 12, 6, 10)
     return d, mla.random_case(d, 9, 2, torch.Generator().manual_seed(14))
-
-
-def _scores_variant(c, scale, rope=True, causal=True):
-    q_lat = torch.einsum("qhd,hdc->qhc", c["q_nope"], c["w_uk"])
-    s = torch.einsum("qhc,tc->hqt", q_lat, c["latent"])
-    if rope:
-        s = s + torch.einsum("qhr,tr->hqt", c["q_rope"], c["k_rope"])
-    s = s * scale
-    if causal:
-        s = s.masked_fill(~mla.causal_keep(s.shape[1], s.shape[2]), float("-inf"))
-    o = torch.einsum("hqt,tc->qhc", torch.softmax(s, -1), c["latent"])
-    return torch.einsum("qhc,hcv->qhv", o, c["w_uv"])
 
 
 @checker("14.2", "absorbed MLA equals decompressed MLA")
@@ -116,32 +84,24 @@ def check_absorbed_attention(absorbed_attention, cases):
         T, Q = c["latent"].shape[0], c["q_nope"].shape[0]
         where = (f"absorbed_attention(Q={Q}, H={d.heads}, T={T}, kv_lora={d.kv_lora}, nope={d.nope}, rope={d.rope}, "
                  f"v_dim={d.v_dim}, scale=1/sqrt({d.qk_dim})){cases.tag(is_random)}")
-        got = learner_call(absorbed_attention, args + (d.scale,), where, (mla.absorbed, mla.mqa, mla.decompressed))
+        guard = mc.per_head_guard(T, d)
+        with guard:
+            got = call(absorbed_attention, args + (d.scale,), where, (mla.absorbed, mla.mqa, mla.decompressed))
         expected = mla.decompressed(*[c[k] for k in ("q_nope", "q_rope", "latent", "k_rope", "w_uk", "w_uv")],
                                     scale=d.scale)
         if not isinstance(got, torch.Tensor):
             fail(f"{where} returned {type(got).__name__}; expected a tensor of shape {tuple(expected.shape)}")
         for a, k in zip(args, ("q_nope", "q_rope", "latent", "k_rope", "w_uk", "w_uv")):
             expect(torch.equal(a, c[k]), f"{where} changed its input {k}; leave the inputs as they are")
+        if guard.seen:
+            fail(mc.decompressed_verdict(where, guard.seen))
         if got.shape != expected.shape:
             fail(f"{where}: shape {tuple(got.shape)}, expected {tuple(expected.shape)} = (Q, H, v_dim): apply W_uv "
                  f"(H, kv_lora, v_dim) to the attention's latent output, head by head")
-        got = got.double()
-        mistakes = [(_scores_variant(c, d.scale, rope=False), "the RoPE scores q_rope . k_rope are missing"),
-                    (_scores_variant(c, (d.kv_lora + d.rope) ** -0.5), "scales by 1/sqrt(kv_lora + rope); the scale "
-                                                                       "stays the original head's 1/sqrt(nope + rope)"),
-                    (_scores_variant(c, d.kv_lora ** -0.5), "scales by 1/sqrt(kv_lora); the scale stays the original "
-                                                            "head's 1/sqrt(nope + rope)"),
-                    (_scores_variant(c, 1.0), "leaves out the softmax scale")]
-        if Q > 1:
-            mistakes.append((_scores_variant(c, d.scale, causal=False),
-                             "is not causal: query i (at position T - Q + i) must not see later tokens"))
-        for value, why in mistakes:
-            if torch.allclose(got, value, rtol=1e-6, atol=1e-9) and not torch.allclose(value, expected, atol=1e-9):
-                fail(f"{where}: your output {why}")
+        mc.judge_absorbed(got, c, d, expected, where)
         # rounding is judged at the output's scale: float32 is fine (4e-7 off on an element of 2e-4 in an output of
         # max ~1 was once called wrong at atol 1e-7); every named mistake moves the output by percents
-        expect_close(got, expected, where, rtol=1e-5, atol=max(1e-7, 1e-5 * float(expected.abs().max())))
+        expect_close(got.double(), expected, where, rtol=1e-5, atol=max(1e-7, 1e-5 * float(expected.abs().max())))
     return "equal to the decompressed form within rounding on 4 cases (1 fixed, 3 random, causal with 1-3 queries)"
 
 
@@ -173,35 +133,20 @@ def check_gather_paged(gather_paged, cases):
         kv, row = _paged_case(cases.gen, page, length)
         expected = mla_decode.gather_sequence(kv, row[None], 0, length)
         where = f"gather_paged(kv_cache [{kv.shape[0]}, {page}, 6], table_row, length={length}){cases.tag(is_random)}"
-        got = learner_call(gather_paged, (kv.clone(), row.clone(), length), where, (mla_decode.gather_sequence,))
+        copy_ = kv.clone()
+        got = call(gather_paged, (copy_, row.clone(), length), where, (mla_decode.gather_sequence,))
         if not isinstance(got, torch.Tensor):
             fail(f"{where} returned {type(got).__name__}; expected a tensor of shape {tuple(expected.shape)}")
-        if got.shape[0] == -(-length // page) * page and got.shape[0] != length:
-            fail(f"{where}: {got.shape[0]} rows -- whole blocks; the last block holds only {length % page or page} "
-                 f"of this sequence's tokens: keep the first `length`")
-        if got.shape != expected.shape:
-            fail(f"{where}: shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
-        n = -(-length // page)
-        logical = kv[:n].reshape(-1, kv.shape[2])[:length]
-        if torch.equal(got, logical) and not torch.equal(logical, expected):
-            fail(f"{where}: you read logical blocks 0..{n - 1} of kv_cache; the sequence's block j is physical block "
-                 f"table_row[j]")
-        if page != 64:                     # blocks of 64 assumed, on the flattened cache
-            t = torch.arange(length)
-            wrong = kv.reshape(-1, kv.shape[2])[row.long()[t // 64] * page + t % 64]
+        expect(torch.equal(copy_, kv), f"{where} changed kv_cache; leave the cache as it is")
+        mc.judge_gather_shape(got, kv, row, length, expected, where)
+        for wrong, why in mc.gather_misreadings(kv, row, length):
             if torch.equal(got, wrong) and not torch.equal(wrong, expected):
-                fail(f"{where}: you assumed blocks of 64 tokens; this cache's blocks hold {page} (kv_cache.shape[1])")
+                fail(f"{where}: {why}")
         expect_close(got, expected, where, rtol=0, atol=0)
     return "token t of a sequence lives at kv_cache[table_row[t // block_size], t % block_size]"
 
 
 # ---------------------------------------------------------------- 14.4
-
-def intensity_reference(batch, active_params, weight_bytes, context, kv_bytes_per_token,
-                        attn_flops_per_kv_token) -> float:
-    flops = batch * (2 * active_params + context * attn_flops_per_kv_token)
-    return flops / (weight_bytes + batch * context * kv_bytes_per_token)
-
 
 @checker("14.4", "decode arithmetic intensity against batch")
 @replayable
@@ -219,24 +164,13 @@ def check_decode_intensity(decode_intensity, cases):
         active = rng.uniform(1e9, 1e11)
         rand.append((rng.choice([1, 3, 16, 100]), active, active * rng.choice([0.5, 1, 2, 9]), rng.randint(100, 9000),
                      rng.uniform(1e4, 5e5), rng.uniform(1e4, 1e7), True))
+    rows = []
     for B, A, W, T, kvb, af, is_random in fixed + rand:
-        expected = intensity_reference(B, A, W, T, kvb, af)
         where = f"decode_intensity({B}, {A:.4g}, {W:.4g}, {T}, {kvb:.6g}, {af:.6g}){cases.tag(is_random)}"
-        got = as_number(learner_call(decode_intensity, (B, A, W, T, kvb, af), where), where, NUMBER)
-        mistakes = [
-            (B * (2 * A + T * af) / W, "leaves the KV cache out of the bytes: each sequence reads its own cache, so "
-                                       "the intensity stops growing with the batch"),
-            (B * (2 * A + T * af) / (B * W + B * T * kvb), "reads the weights once per sequence; the batch shares "
-                                                           "one read of the weights"),
-            (B * (A + T * af / 2) / (W + B * T * kvb), "counts one FLOP per multiply-add; a multiply-add is 2"),
-            (B * 2 * A / (W + B * T * kvb), "leaves out the attention's FLOPs over the cached tokens"),
-            (B * (2 * A + T * af) / (W + B * kvb), "reads one cached token per sequence; the step reads all "
-                                                   "`context` of them"),
-        ]
-        for value, why in mistakes:
-            if near(got, value, 1e-9) and not near(got, expected, 1e-9):
-                fail(f"{where} = {got:.6g}: that {why} (expected {expected:.6g})")
-        expect_close(got, expected, where, rtol=1e-9, atol=0.0)
+        got = as_number(call(decode_intensity, (B, A, W, T, kvb, af), where), where, NUMBER)
+        rows.append((where, got, mc.intensity_reference(B, A, W, T, kvb, af),
+                     mc.intensity_mistakes(B, A, W, T, kvb, af)))
+    mc.name_number_mistake(rows, 1e-9)
     return ("batch x (2 A + T a) / (W + batch x T kv): as the batch grows it levels off at (2 A + T a) / (T kv), "
             "453 FLOP/B for DeepSeek-V3 at 4,989 tokens")
 
@@ -253,9 +187,11 @@ def check_cost_per_m_tokens(cost_per_m_tokens, cases):
     for tps, usd, g, is_random in fixed + rand:
         expected = service.cost_per_m_tokens(tps, usd, g)
         where = f"cost_per_m_tokens({tps:.6g}, {usd:.6g}, {g}){cases.tag(is_random)}"
-        got = as_number(learner_call(cost_per_m_tokens, (tps, usd, g), where, (service.cost_per_m_tokens,)), where,
+        got = as_number(call(cost_per_m_tokens, (tps, usd, g), where, (service.cost_per_m_tokens,)), where,
                         NUMBER)
-        mistakes = [(expected / g, "prices one GPU; a node has gpus_per_node of them"),
+        mistakes = [(expected / g, "prices one GPU for the node's throughput (or multiplies tokens_per_s_per_node by "
+                                   "the GPU count, as if it were per GPU): the node's tokens cost gpus_per_node x "
+                                   "usd_per_gpu_hour"),
                     (expected * 3600, "takes the price per GPU-second; it is per GPU-hour (divide by 3600)"),
                     (expected / 3600, "divides by 3600 twice (or counts tokens per hour twice)"),
                     (expected / 1000, "is per thousand tokens; the question asks per million"),
@@ -280,8 +216,8 @@ def check_schedule_step(schedule_step, cases):
     states = lc.scheduler_states(cases.rng)
     for state, is_random, label in states:
         where = label + lc.describe_state(*state) + cases.tag(is_random)
-        got = learner_call(schedule_step, copy.deepcopy(state), where,
-                           (scheduler.schedule_step, scheduler.Scheduler.step))
+        got = call(schedule_step, copy.deepcopy(state), where, (scheduler.schedule_step, scheduler.Scheduler.step),
+                   ("common.systems.inference.scheduler.Seq",))
         got = lc.step_result(got, where)
         expected = scheduler.canonical(scheduler.Scheduler().step(*copy.deepcopy(state)))
         if got != expected:
@@ -308,13 +244,17 @@ def check_paged_mla_decode(paged_mla_decode, cases):
                  f"{c['q_rope'].shape[3]}, page={c['kv_cache'].shape[1]}, seq_lens={c['seq_lens'].tolist()}, "
                  f"scale={c['scale']:.4g}){cases.tag(is_random)}")
         args = tuple(c[k].clone() if isinstance(c[k], torch.Tensor) else c[k] for k in lc.DECODE_ARGS)
-        got = learner_call(paged_mla_decode, args, where, refs)
+        guard = mc.decode_guard(c)
+        with guard or contextlib.nullcontext():
+            got = call(paged_mla_decode, args, where, refs)
         expected = mla_decode.paged_mla(*[c[k] for k in lc.DECODE_ARGS])
         if not isinstance(got, torch.Tensor):
             fail(f"{where} returned {type(got).__name__}; expected a tensor of shape {tuple(expected.shape)}")
         for a, k in zip(args, lc.DECODE_ARGS):
             expect(not isinstance(a, torch.Tensor) or torch.equal(a, c[k]),
                    f"{where} changed its input {k}; leave the inputs as they are")
+        if guard is not None and guard.seen:
+            fail(mc.decompressed_verdict(where, guard.seen))
         if got.shape == expected.shape[:3] + (c["w_uk"].shape[2],):
             fail(f"{where}: shape {tuple(got.shape)} is the latent output: apply W_uv (H, kv_lora, v_dim) head by "
                  f"head after the attention")
@@ -335,9 +275,9 @@ def check_paged_mla_decode(paged_mla_decode, cases):
 
 def _prefix_call(refs):
     """learner_call for the prefix cache's two functions, with their results checked for shape."""
-    def call(fn, args, i, op):
+    def one(fn, args, i, op):
         where = f"op {i + 1}, {lc.describe_op(op, args[0].block_size)}"
-        got = learner_call(fn, args, where, refs)
+        got = call(fn, args, where, refs, ("common.systems.inference.prefix_cache.CacheState",))
         state = got[0] if op[0] == "alloc" and isinstance(got, (tuple, list)) and len(got) == 3 else got
         if op[0] == "alloc" and not (isinstance(got, (tuple, list)) and len(got) == 3):
             fail(f"{where} returned {type(got).__name__}; expected (state, blocks, hit_tokens)")
@@ -350,7 +290,7 @@ def _prefix_call(refs):
                      f"{state.block_size} tokens, the last one partial)")
             as_number(got[2], f"{where}: hit_tokens", "a whole number of tokens", integer=True)
         return got
-    return call
+    return one
 
 
 @checker("14.8", "a prefix cache")
@@ -423,7 +363,7 @@ def check_block_names(block_names, cases):
     for tokens, bs in all_cases:
         where = wc.describe_names(tokens, bs)
         given = list(tokens)
-        names = learner_call(block_names, (given, bs), where, (prefix_cache.PrefixCachePolicy.name,))
+        names = call(block_names, (given, bs), where, (prefix_cache.PrefixCachePolicy.name,))
         expect(given == tokens, f"{where} changed the token list it was given; leave it as it is")
         wc.check_names(names, tokens, bs, where)
     wc.first_name_consistent(block_names, wc.describe_names, 4, cases.rng)

@@ -16,7 +16,8 @@ import copy
 import torch
 
 from common.core.checks import fail
-from common.exercises.cases import as_number, learner_call
+from common.exercises.cases import as_number
+from common.exercises.lab14_cases.watch import call
 from common.systems.inference.scheduler import blocks_for
 
 
@@ -27,7 +28,7 @@ def judge_all(fn, cases: list, right, mistakes: list, describe, read, references
     got = []
     for case in cases:
         where = describe(*case)
-        got.append(read(learner_call(fn, copy.deepcopy(case), where, references), where, case))
+        got.append(read(call(fn, copy.deepcopy(case), where, references), where, case))
     expected = [right(*c) for c in cases]
     if got == expected:
         return len(cases)
@@ -165,6 +166,12 @@ MASK_MISTAKES = [
     (lambda n, s, p: _mask(n + torch.arange(s), p), "puts the new tokens after the cache; seq_len already counts them"),
     (lambda n, s, p: _mask(n - 1 + torch.arange(s), p), "puts the first new token at seq_len - 1; the s_q new tokens "
                                                         "are the last s_q: the first sits at seq_len - s_q"),
+    (lambda n, s, p: _mask(n - s + torch.arange(s), torch.arange(len(p))),
+     "compares with the slot in the block (0..block_size-1); positions holds the tokens' positions in the sequence"),
+    (lambda n, s, p: tuple(tuple(not v for v in row) for row in mask_right(n, s, p)),
+     "marks the positions to hide; return True where the new token MAY attend"),
+    (lambda n, s, p: _mask(n - 1 - torch.arange(s), p), "numbers the new tokens backwards: new token i sits at "
+                                                        "seq_len - s_q + i, the last one at seq_len - 1"),
 ]
 
 
@@ -183,7 +190,10 @@ def read_mask(got, where: str, case):
     if tuple(got.shape) != (s, len(p)):
         fail(f"{where}: shape {tuple(got.shape)}, expected ({s}, {len(p)}) = (s_q, len(positions))")
     if got.dtype != torch.bool and not bool(((got == 0) | (got == 1)).all()):
-        fail(f"{where}: values other than True/False (or 0/1): return where each new token may attend")
+        additive = bool(((got == 0) | torch.isneginf(got)).all()) if got.is_floating_point() else False
+        fail(f"{where}: values other than True/False (or 0/1)"
+             + (": an additive mask (0 and -inf) is what the scores get; this function says WHERE each new token may "
+                "attend, True or False" if additive else ": return where each new token may attend"))
     return tuple(map(tuple, got.bool().tolist()))
 
 
@@ -213,6 +223,9 @@ def check_names(names, tokens: list, bs: int, where: str) -> None:
              f"out the block holding the last token)")
     if len(names) != full:
         fail(f"{where}: {len(names)} names; expected {full}, one per full block of {bs} tokens")
+    if full and names[0] is None:
+        fail(f"{where}: names[0] is None -- you appended the parent before computing the block's name: append "
+             f"hash((parent, tuple(block))), then make it the next block's parent")
     for i in range(1, full):
         if names[i] == hash((names[i - 1], blocks[i])):
             continue
@@ -233,7 +246,7 @@ def first_name_consistent(fn, where_of, bs: int, rng) -> None:
     """The first block's name: the same for the same first block after any tail, different for another block."""
     a = [rng.randrange(1000) for _ in range(bs)]
     b = a[:-1] + [a[-1] + 1]
-    runs = {tuple(t): learner_call(fn, (t, bs), where_of(t, bs)) for t in (a + [1] * bs, a + [2] * (bs + 1), b + a)}
+    runs = {tuple(t): call(fn, (t, bs), where_of(t, bs)) for t in (a + [1] * bs, a + [2] * (bs + 1), b + a)}
     first = [v[0] for v in runs.values()]
     if first[0] != first[1]:
         fail(f"{where_of(a + [2] * (bs + 1), bs)}: the first block's name changed with the tokens after it; it depends "
@@ -287,6 +300,17 @@ HIT_MISTAKES = [
     (lambda nm, c, n, bs: _leading(nm, c, (n - 1) // bs), "counts blocks, not tokens (multiply by block_size)"),
     (lambda nm, c, n, bs: sum(x in c for x in nm) * bs, "counts every cached name: only the leading run counts, "
                                                        "and never the block holding the last token"),
+    (lambda nm, c, n, bs: _leading(nm, c, n // bs - 1) * bs,
+     "looks up one block fewer than it may (n_tokens // block_size - 1): a last token in a partial block leaves "
+     "every full block before it to the cache -- the limit is (n_tokens - 1) // block_size blocks"),
+    (lambda nm, c, n, bs: min(_leading(nm, c, (n - 1) // bs) + 1, (n - 1) // bs) * bs,
+     "counts the first block that is NOT cached as a hit: the run ends before it"),
+    (lambda nm, c, n, bs: min(_leading(nm, c, n // bs) * bs, n - 1),
+     "serves part of the block holding the last token (capped at n_tokens - 1): hits are whole blocks, and that "
+     "block is computed whole"),
+    (lambda nm, c, n, bs: _leading(nm, set(c.values()), (n - 1) // bs) * bs,
+     "looks the names up among the cache's block ids (cached.values()); cached maps name -> block: test "
+     "`name in cached`"),
 ]
 
 
