@@ -7,6 +7,7 @@ import math
 import random
 
 from common.core.checks import CheckFailed, checker, expect, expect_close, fail
+from common.exercises import cost_mistakes as CM
 from common.exercises import ring_messages as RM
 from common.exercises.cases import as_number, learner_call, replayable
 from common.parallel import collectives as C
@@ -20,63 +21,6 @@ def _close(a, b, rtol=1e-6) -> bool:
 
 
 _RD_NAME = "recursive_doubling"
-
-
-def _time(algorithm: str, n, p: int, alpha, bw, rounds=None) -> float:
-    """The right formula of `algorithm` (with `rounds` exchange rounds for tree and recursive doubling)."""
-    lg = math.ceil(math.log2(p)) if rounds is None else rounds
-    if algorithm == "ring":
-        return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / bw
-    return (2 * lg if algorithm == "tree" else lg) * (alpha + n / bw)
-
-
-def _time_mistakes(algorithm: str, n, p: int, alpha, bw) -> dict:
-    """{key: (what is wrong, the time it gives)} for the look-alike formulas of `algorithm` (p > 1)."""
-    lg, right = math.ceil(math.log2(p)), _time(algorithm, n, p, alpha, bw)
-    if algorithm == "ring":
-        out = {
-            "rs": ("you timed a reduce-scatter (or an all-gather) alone; a ring all-reduce is a reduce-scatter "
-                   "followed by an all-gather: 2(p-1) steps and 2(p-1)/p * n bytes per rank",
-                   (p - 1) * alpha + (p - 1) / p * n / bw),
-            "whole": ("each ring step sends one chunk of n/p bytes, not the whole buffer: the bandwidth term is "
-                      "2(p-1)/p * n / bandwidth", 2 * (p - 1) * alpha + 2 * n / bw),
-            "whole each step": ("each ring step sends one chunk of n/p bytes, not the whole buffer (2(p-1) * (alpha + "
-                                "n / bandwidth) sends it every step): the bandwidth term is 2(p-1)/p * n / bandwidth",
-                                2 * (p - 1) * (alpha + n / bw)),
-            "p steps": ("a ring of p ranks needs p-1 steps per phase, not p (2(p-1) alphas in all)",
-                        2 * p * alpha + 2 * (p - 1) / p * n / bw),
-            "one phase's latency": ("the latency term counts one phase: the reduce-scatter and the all-gather take "
-                                    "p-1 steps each and each step pays alpha: 2(p-1) alphas",
-                                    (p - 1) * alpha + 2 * (p - 1) / p * n / bw),
-            "one phase's bytes": ("the bandwidth term counts one phase: each rank sends (p-1)/p of the buffer in the "
-                                  "reduce-scatter and again in the all-gather, 2(p-1)/p * n / bandwidth",
-                                  2 * (p - 1) * alpha + (p - 1) / p * n / bw),
-            "no latency": ("the latency term is missing: each of the ring's 2(p-1) steps pays alpha, which decides "
-                           "small messages", 2 * (p - 1) / p * n / bw),
-        }
-    else:
-        out = {
-            "floor": (f"log2 p rounded down: p={p} ranks need ceil(log2 p) = {lg} rounds (the last, partial round "
-                      f"still costs a whole step)", _time(algorithm, n, p, alpha, bw, math.floor(math.log2(p)))),
-            "log2": (f"p={p} is not a power of two; the number of exchange rounds is ceil(log2 p) = {lg}, a whole "
-                     f"number", _time(algorithm, n, p, alpha, bw, math.log2(p))),
-        }
-        if algorithm == "tree":
-            out["up"] = ("that is only the reduction up the tree; the result must come back down: 2 * ceil(log2 p) * "
-                         "(alpha + n / bandwidth)", lg * (alpha + n / bw))
-        else:
-            out["rd twice"] = ("recursive doubling does not reduce then broadcast: each of its ceil(log2 p) rounds "
-                               "exchanges the whole buffer and leaves both partners with the partial sum",
-                               2 * lg * (alpha + n / bw))
-    out.update({
-        "bits": ("you multiplied the bytes by 8: n_bytes is in bytes and the bandwidth in bytes per second",
-                 _time(algorithm, 8 * n, p, alpha, bw)),
-        "times bw": ("the bandwidth term multiplies by the bandwidth: a message of n bytes takes n / bandwidth seconds",
-                     _time(algorithm, n, p, alpha, 1 / bw)),
-        "ms": ("that is the time in milliseconds (1000 x seconds): return seconds", 1e3 * right),
-        "us": ("that is the time in microseconds (10^6 x seconds): return seconds", 1e6 * right),
-    })
-    return out
 
 
 @checker("7.1", "all-reduce cost formulas: ring, tree, recursive doubling")
@@ -103,15 +47,15 @@ def check_allreduce_time(allreduce_time, cases):
                      + cases.tag(i >= 4))
             got.append((where, call(algorithm, n, p, alpha, bw, where)))
         many = [i for i, c in enumerate(cases_) if c[1] > 1]
-        wrong = [i for i in many if not _close(got[i][1], _time(algorithm, *cases_[i]))]
+        wrong = [i for i in many if not _close(got[i][1], CM.allreduce_seconds(algorithm, *cases_[i]))]
         if wrong:
             where, value = got[wrong[0]]
-            right = _time(algorithm, *cases_[wrong[0]])
-            looks = [_time_mistakes(algorithm, *cases_[i]) for i in many]
+            right = CM.allreduce_seconds(algorithm, *cases_[wrong[0]])
+            looks = [CM.time_mistakes(algorithm, *cases_[i]) for i in many]
             for key in looks[0]:
                 if all(_close(got[i][1], look[key][1]) for i, look in zip(many, looks)):
                     fail(f"{where} = {value:.6g} s, expected {right:.6g} s: "
-                         f"{_time_mistakes(algorithm, *cases_[wrong[0]])[key][0]}")
+                         f"{CM.time_mistakes(algorithm, *cases_[wrong[0]])[key][0]}")
             expect_close(value, right, where, rtol=1e-6)
         for (where, value), c in zip(got, cases_):
             expect(c[1] > 1 or abs(value) < 1e-15,
@@ -126,29 +70,6 @@ def check_allreduce_time(allreduce_time, cases):
 
 
 _FACTOR_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-
-
-def _factor_mistakes(coll: str, p: int) -> dict:
-    """{key: (what is wrong, the factor it gives)} for the look-alike factors of `coll`."""
-    right = C.bus_factor(coll, p)
-    if coll == "broadcast":
-        return {}
-    out = {"upside": ("upside down -- busbw = algbw * factor, and the factor is the fraction of the buffer each rank "
-                      "sends", 1 / right)}
-    if coll == "all_reduce":
-        out.update({
-            "one": ("that is the all-reduce factor at p = 2 only (2(p-1)/p = 1 there)", 1.0),
-            "half": ("an all-reduce moves 2(p-1)/p of the buffer per rank (reduce-scatter + all-gather), not (p-1)/p",
-                     (p - 1) / p),
-            "limit": ("2 is the factor's limit for many ranks; over p ranks each sends 2(p-1)/p of the buffer", 2.0),
-        })
-    else:
-        out.update({
-            "double": (f"the factor 2 belongs to the all-reduce only; {coll} moves (p-1)/p of the data per rank",
-                       2 * (p - 1) / p),
-            "one": (f"a rank's own 1/p of the data never crosses a link: {coll}'s factor is (p-1)/p, not 1", 1.0),
-        })
-    return out
 
 
 @checker("7.2", "nccl-tests bus factors")
@@ -178,7 +99,7 @@ def check_bus_factor(bus_factor, cases):
                  f"division (//) truncates; divide with /")
         if coll == "broadcast":
             fail(f"{said}: a (pipelined) broadcast sends every byte over each link once; its bus factor is 1")
-        looks = [_factor_mistakes(coll, p) for p in ps]
+        looks = [CM.factor_mistakes(coll, p) for p in ps]
         for key in looks[0]:
             if all(_close(got[i][1], look[key][1], 1e-9) for i, look in enumerate(looks)):
                 fail(f"{said}: {looks[wrong[0]][key][0]}")
@@ -345,56 +266,6 @@ def _synthetic(rng: random.Random, noise: float):
     return p, alpha, bw, sizes, times
 
 
-def _fit(sizes, times, p, steps=None, share=None, weight=1.0, ends=False):
-    """(alpha, bandwidth) of the ring model t = steps * alpha + share * n / bandwidth, each equation weighted by
-    t^-weight (1: relative error, 0: absolute, 2: divided twice); `ends`: solved from the smallest and largest size."""
-    import numpy as np
-    n, t = np.asarray(sizes, float), np.asarray(times, float)
-    steps = 2.0 * (p - 1) if steps is None else steps
-    share = C.bus_factor("all_reduce", p) if share is None else share
-    if ends:
-        n, t = n[[0, -1]], t[[0, -1]]
-    w = t ** -weight
-    x, *_ = np.linalg.lstsq(np.stack([np.full(len(n), steps), share * n], 1) * w[:, None], t * w, rcond=None)
-    return float(x[0]), float(1 / x[1])
-
-
-def _fit_mistakes(sizes, times, p) -> dict:
-    """{key: (what is wrong, the (alpha, bandwidth) it gives)} for the look-alike fits."""
-    right = _fit(sizes, times, p)
-    steps, share = 2 * (p - 1), C.bus_factor("all_reduce", p)
-    absolute = _fit(sizes, times, p, weight=0)
-    return {
-        "absolute": (f"you fitted absolute times (alpha {absolute[0]:.3g} s, bandwidth {absolute[1]:.3g} B/s; the "
-                     f"relative fit gives {right[0]:.3g} s, {right[1]:.3g} B/s): the largest messages then decide "
-                     f"everything and alpha is left to their noise. Divide each equation (row of the matrix and its "
-                     f"time) by its measured time to fit relative error", absolute),
-        "twice": ("you divided each equation by its time twice (weights 1/t^2): divide the row and its time by t "
-                  "once, so each residual is a relative error", _fit(sizes, times, p, weight=2)),
-        "ends": ("you solved from the smallest and the largest size only: least squares over every size averages "
-                 "out each size's noise", _fit(sizes, times, p, ends=True)),
-        "raw": (f"you fitted t = a + b n and returned a and 1/b: the fitted intercept a is the latency of all 2(p-1) "
-                f"= {steps} steps (divide by {steps}) and 1/b the algorithm bandwidth (multiply by 2(p-1)/p)",
-                _fit(sizes, times, p, steps=1, share=1)),
-        "intercept": (f"your alpha is the fitted intercept, the latency of all 2(p-1) steps; divide by 2(p-1) = "
-                      f"{steps} to get alpha per step", _fit(sizes, times, p, steps=1)),
-        "p-1": (f"a ring all-reduce takes 2(p-1) = {steps} steps (reduce-scatter, then all-gather), not p-1: your "
-                f"alpha is twice alpha per step", _fit(sizes, times, p, steps=p - 1)),
-        "algbw": (f"your bandwidth is 1/slope, the algorithm bandwidth; each rank sends 2(p-1)/p of the buffer, so the "
-                  f"link bandwidth is 2(p-1)/p / slope", _fit(sizes, times, p, share=1)),
-        "one phase": ("(p-1)/p is one phase's share of the buffer; over a reduce-scatter and an all-gather each rank "
-                      "sends 2(p-1)/p of it: your bandwidth is half the link's", _fit(sizes, times, p, share=share / 2)),
-        "slope": ("you returned the slope (seconds per byte, beta) instead of the bandwidth 1/beta",
-                  (right[0], 1 / right[1])),
-        "swapped": ("you returned (bandwidth, alpha): the order is (alpha_seconds, bandwidth_bytes_per_s)",
-                    (right[1], right[0])),
-        "us": ("your alpha is in microseconds (10^6 x seconds): return seconds", (right[0] * 1e6, right[1])),
-        "ms": ("your alpha is in milliseconds (1000 x seconds): return seconds", (right[0] * 1e3, right[1])),
-        "GB/s": ("your bandwidth is in GB/s (bytes per second / 10^9): return bytes per second",
-                 (right[0], right[1] / 1e9)),
-    }
-
-
 @checker("7.4", "fit alpha and bandwidth by least squares")
 @replayable
 def check_fit_alpha_beta(fit_alpha_beta, cases):
@@ -418,18 +289,18 @@ def check_fit_alpha_beta(fit_alpha_beta, cases):
         noise = "noise-free times" if j < 3 else "times with 5% noise"
         where = f"{noise} of a ring all-reduce over p={p} (alpha={alpha:.3g} s, bandwidth={bw:.3g} B/s)"
         got.append((where + cases.tag(j > 0), (a, b)))
-    right = [_fit(d[3], d[4], d[0]) for d in data]
+    right = [CM.fit(d[3], d[4], d[0]) for d in data]
     wrong = [j for j, (_, ab) in enumerate(got) if not (_close(ab[0], right[j][0], 1e-4)
                                                       and _close(ab[1], right[j][1], 1e-4))]
     if not wrong:
         return "recovers alpha and the link bandwidth, fitting relative error"
     where, (a, b) = got[wrong[0]]
-    looks = [_fit_mistakes(d[3], d[4], d[0]) for d in data]
+    looks = [CM.fit_mistakes(d[3], d[4], d[0]) for d in data]
     for key in looks[0]:
         if all(_close(ab[0], look[key][1][0], 1e-4) and _close(ab[1], look[key][1][1], 1e-4)
                for (_, ab), look in zip(got, looks)):
-            fail(f"{where}: you returned alpha {a:.4g} s, bandwidth {b:.4g} B/s, the fit gives {right[wrong[0]][0]:.4g} "
-                 f"s, {right[wrong[0]][1]:.4g} B/s: {looks[wrong[0]][key][0]}")
+            fail(f"{where}: you returned alpha {a:.4g} s, bandwidth {b:.4g} B/s, the fit gives "
+                 f"{right[wrong[0]][0]:.4g} s, {right[wrong[0]][1]:.4g} B/s: {looks[wrong[0]][key][0]}")
     expect_close(a, right[wrong[0]][0], f"alpha from {where}", rtol=1e-4)
     expect_close(b, right[wrong[0]][1], f"bandwidth from {where}", rtol=1e-4)
     fail(f"{where}: alpha {a:.6g} s, bandwidth {b:.6g} B/s; the fit gives {right[wrong[0]][0]:.6g} s, "
@@ -445,47 +316,6 @@ def _routing(seed: int, tokens: int, num_experts: int, k: int):
     import torch
     g = torch.Generator().manual_seed(seed)
     return torch.rand(tokens, num_experts, generator=g).topk(k, dim=-1).indices
-
-
-def _count_mistakes(indices, num_experts, world, g, rank):
-    """The send counts of each known mistake, by its own formula."""
-    import torch
-
-    from common.parallel import expert_parallel as EP
-    epr = num_experts // world
-    nodes = indices // (epr * g)
-    local = rank % g
-    per_pair = [0] * world  # forgotten de-duplication: one copy per (token, expert) to the node's gateway
-    for m, c in enumerate(torch.bincount(nodes.reshape(-1), minlength=world // g).tolist()):
-        per_pair[m * g + local] = c
-    ranks = indices // epr
-    hit_r = torch.zeros(indices.shape[0], world, dtype=torch.bool).scatter_(1, ranks, True)
-    right = EP.node_send_counts(indices, num_experts, world, g, rank)
-    first_rank = [0] * world
-    for m in range(world // g):
-        first_rank[m * g] = right[m * g + local]
-    no_own = list(right)
-    no_own[rank] = 0
-    by_node, global_rank = [0] * world, [0] * world
-    for m in range(world // g):
-        by_node[m] = right[m * g + local]
-        global_rank[(m * g + rank) % world] += right[m * g + local]
-    return {
-        "forgotten de-duplication (one copy per (token, expert) instead of one per (token, node))": per_pair,
-        "flat split (one copy per expert, to the expert's own rank)": EP.flat_send_counts(indices, num_experts, world),
-        "per-rank split (one copy per (token, destination rank), to that rank: de-duplicated by rank, not by node)":
-            hit_r.sum(0).tolist(),
-        "wrong destination rank (every copy to the node's first rank instead of the rank with your local index)":
-            first_rank,
-        "own node left out (your own node's copy goes to yourself: counts[rank] is the tokens with an expert on "
-        "your node)": no_own,
-        "node index used as the rank (counts[node]): the copy for node m goes to rank m * ranks_per_node + "
-        "rank % ranks_per_node": by_node,
-        "your global rank used as the local index: the copy for node m goes to rank m * ranks_per_node + "
-        "rank % ranks_per_node (your index within your node), not m * ranks_per_node + rank": global_rank,
-        "off-by-one rank (counts shifted one rank up)": right[-1:] + right[:-1],
-        "off-by-one rank (counts shifted one rank down)": right[1:] + right[:1],
-    }
 
 
 @checker("7.5", "send counts of the node-aware expert-parallel dispatch")
@@ -536,7 +366,7 @@ def check_send_counts(send_counts, cases):
                 f"node), to the rank with your local index there")
     where, indices, (world, g, rank, e, k, tokens, s), got_list, right = wrong[0]
     # a mistake is named when its formula gives the learner's counts on every case (one case alone can fit two)
-    looks = [_count_mistakes(run[1], run[2][3], run[2][0], run[2][1], run[2][2]) for run in runs]
+    looks = [CM.count_mistakes(run[1], run[2][3], run[2][0], run[2][1], run[2][2]) for run in runs]
     named = [name for name in looks[0] if all(look[name] == run[3] for look, run in zip(looks, runs))]
     if named:
         fail(f"{where} = {got_list}, expected {right}: {' and '.join(named)}")
