@@ -11,12 +11,14 @@ def _stub(*args):
 
 
 # --- 8.1 the 1F1B order
-def right_order(pp, m, stage):
-    warm = min(pp - 1 - stage, m)
+def right_order(pp, m, stage, warm=None, b_first=False, first=0):
+    """A learner's answer; the keywords put in one known mistake each (a warm-up of `warm` forwards, each steady
+    pair backward first, micro-batches numbered from `first`)."""
+    warm = min(pp - 1 - stage, m) if warm is None else warm
     order = [("F", j) for j in range(warm)]
     for j in range(m - warm):
-        order += [("F", warm + j), ("B", j)]
-    return order + [("B", j) for j in range(m - warm, m)]
+        order += [("B", j), ("F", warm + j)] if b_first else [("F", warm + j), ("B", j)]
+    return [(k, j + first) for k, j in order + [("B", j) for j in range(m - warm, m)]]
 
 
 def gpipe_order(pp, m, stage):

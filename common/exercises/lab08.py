@@ -29,6 +29,11 @@ def _order(pp, m, stage, warm=None, b_first=False, first=0):
     return [(k, j + first) for k, j in order]
 
 
+def _own() -> tuple:
+    """The checker's own orders, which give the right answer too: watched like the references."""
+    return _order, _order_mistakes, _tokens
+
+
 def _peak(order) -> int:
     """The most micro-batches in flight (forwarded, not yet backwarded) at once."""
     in_flight = peak = 0
@@ -78,7 +83,7 @@ def check_one_f_one_b_order(one_f_one_b_order, cases):
 
 def _learner_order(one_f_one_b_order, pp, m, s):
     call = f"one_f_one_b_order({pp}, {m}, {s})"
-    got = learner_call(one_f_one_b_order, (pp, m, s), call, (pipeline.one_f_one_b_order, pipeline.build),
+    got = learner_call(one_f_one_b_order, (pp, m, s), call, (pipeline.one_f_one_b_order, pipeline.build, *_own()),
                        library=True)
     expect(isinstance(got, (list, tuple)), f"{call} returned {type(got).__name__}; return a list of ('F', j) / "
                                            f"('B', j) pairs")
@@ -200,7 +205,8 @@ def _dualpipe_cases(rng):
 
 
 def _learner_tokens(dualpipe_ops, pp, m, r, what) -> list:
-    got = learner_call(dualpipe_ops, (pp, m, r), what, (pipeline.dualpipe, pipeline.dualpipe_tokens), library=True)
+    got = learner_call(dualpipe_ops, (pp, m, r), what, (pipeline.dualpipe, pipeline.dualpipe_tokens, *_own()),
+                       library=True)
     expect(isinstance(got, (list, tuple)) and all(isinstance(t, str) for t in got),
            f"{what} returned {type(got).__name__} {got!r:.100}; return a list of tokens such as 'F0', 'B1', 'Bi1', "
            f"'W', 'F0&B1'")

@@ -6,6 +6,7 @@ import math
 import numpy as np
 
 import ring_answers as RA
+from common.exercises import cost_mistakes as CM
 from common.exercises import lab07
 from common.parallel import collectives as C
 from common.parallel import expert_parallel as EP
@@ -84,6 +85,8 @@ WRONG = {
         (lambda alg, n, p, a, b: _right(alg, n, p, a, b) if p > 1 else a, "nothing to exchange"),
         (lambda alg, n, p, a, b: C.ALLREDUCE_TIMES[alg](n, p, a, b), "called .*, the reference"),
         (_steps_cheat, r"called common\.parallel\.collectives\..*steps, the workbook's own code"),
+        (lambda *a: CM.allreduce_seconds(*a) if a[2] > 1 else 0.0, r"called common\.exercises\.cost_mistakes\."
+                                                                    r"allreduce_seconds, the reference"),
     ],
     lab07.check_bus_factor: [
         (_factor_with(all_reduce=lambda p: (p - 1) / p), r"moves 2\(p-1\)/p"),
@@ -127,6 +130,7 @@ WRONG = {
         (lambda s, t, p: (_fit(s, t, p)[0], _fit(s, t, p)[1] / 1e9), "bandwidth is in GB/s"),
         (lambda s, t, p: _fit(s, t, p)[0], r"must return \(alpha_seconds"),
         (lambda s, t, p: ((f := C.fit_alpha_beta(s, t, p)).alpha_s, f.bandwidth_Bps), "fit_alpha_beta, the reference"),
+        (lambda s, t, p: CM.fit(s, t, p), r"called common\.exercises\.cost_mistakes\.fit, the reference"),
     ],
     lab07.check_send_counts: [
         (_counts(dedup=False), r"forgotten de-duplication"),

@@ -1,7 +1,6 @@
 """Lab 08's named wrong answers: the 1F1B order of one stage (8.1; its three most likely stay in
 test_wrong_answers_late.py) and one DualPipe rank's order (8.2), cheats included."""
 from common.exercises import lab08
-from common.exercises.lab08 import _order
 from common.parallel import pipeline
 from test_exercises_lab08 import _variant, dualpipe_ops, right_order
 
@@ -11,11 +10,7 @@ def _reversed_stages(pp, m, s):
 
 
 def _uncapped(pp, m, s):  # warm-up pp-1-stage even with fewer micro-batches
-    warm = pp - 1 - s
-    order = [("F", j) for j in range(warm)]
-    for j in range(m - warm):
-        order += [("F", warm + j), ("B", j)]
-    return order + [("B", j) for j in range(m - warm, m)]
+    return right_order(pp, m, s, warm=pp - 1 - s)
 
 
 def _backwards_reversed(pp, m, s):
@@ -35,16 +30,17 @@ def _built_schedule(pp, m, r):  # the workbook's DualPipe schedule, read back as
 WRONG = {
     lab08.check_one_f_one_b_order: [
         (_reversed_stages, "stages are numbered the other way"),
-        (lambda pp, m, s: _order(pp, m, s, b_first=True), "runs the forward first, then the backward"),
+        (lambda pp, m, s: right_order(pp, m, s, b_first=True), "runs the forward first, then the backward"),
         (_uncapped, "warm-up is min\\(pp-1-stage, micro_batches\\)"),
-        (lambda pp, m, s: _order(pp, m, s, first=1), "numbered from 0"),
-        (lambda pp, m, s: _order(pp, m, s, max(min(pp - 2 - s, m), 0)), "one warm-up forward too few"),
+        (lambda pp, m, s: right_order(pp, m, s, first=1), "numbered from 0"),
+        (lambda pp, m, s: right_order(pp, m, s, max(min(pp - 2 - s, m), 0)), "one warm-up forward too few"),
         (_backwards_reversed, "micro-batches must run in order"),
         (lambda pp, m, s: right_order(pp, m, s)[:-1], "exactly one \\('F', j\\) and one \\('B', j\\)"),
         (lambda pp, m, s: [f"{k}{j}" for k, j in right_order(pp, m, s)], "must be a pair"),
         (lambda pp, m, s: [(k.lower(), j) for k, j in right_order(pp, m, s)], "capital letters"),
         (lambda pp, m, s: pipeline.one_f_one_b_order(pp, m, s), "reference this exercise asks you to write"),
         (_from_the_schedule, "called common.parallel.pipeline.schedules.one_f_one_b, the workbook's own code"),
+        (lambda pp, m, s: lab08._order(pp, m, s), "called common.exercises.lab08._order, the reference"),
     ],
     lab08.check_dualpipe_ops: [
         (lambda pp, m, r: dualpipe_ops(pp, m, r, h=r), r"rank \d has h = \d"),
@@ -65,5 +61,6 @@ WRONG = {
         (lambda pp, m, r: [t.replace("&", " & ") for t in dualpipe_ops(pp, m, r)], r"'F0 & B1' is not a token"),
         (lambda pp, m, r: pipeline.dualpipe_tokens(pp, m, r), "reference this exercise asks you to write"),
         (_built_schedule, r"called common.parallel.pipeline.schedules.build, the workbook's own code"),
+        (lambda pp, m, r: lab08._tokens(pp, m, r), r"called common.exercises.lab08._tokens, the reference"),
     ],
 }
