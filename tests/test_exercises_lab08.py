@@ -11,12 +11,14 @@ def _stub(*args):
 
 
 # --- 8.1 the 1F1B order
-def right_order(pp, m, stage):
-    warm = min(pp - 1 - stage, m)
+def right_order(pp, m, stage, warm=None, b_first=False, first=0):
+    """A learner's answer; the keywords put in one known mistake each (a warm-up of `warm` forwards, each steady
+    pair backward first, micro-batches numbered from `first`)."""
+    warm = min(pp - 1 - stage, m) if warm is None else warm
     order = [("F", j) for j in range(warm)]
     for j in range(m - warm):
-        order += [("F", warm + j), ("B", j)]
-    return order + [("B", j) for j in range(m - warm, m)]
+        order += [("B", j), ("F", warm + j)] if b_first else [("F", warm + j), ("B", j)]
+    return [(k, j + first) for k, j in order + [("B", j) for j in range(m - warm, m)]]
 
 
 def gpipe_order(pp, m, stage):
@@ -54,7 +56,7 @@ def test_one_f_one_b_too_many_in_flight():
 
 
 def test_one_f_one_b_warmup_reversed():
-    with pytest.raises(CheckFailed, match="micro-batches in flight"):
+    with pytest.raises(CheckFailed, match="stages are numbered the other way"):
         check_one_f_one_b_order(reversed_warmup)
 
 
@@ -69,18 +71,18 @@ def test_one_f_one_b_stub():
 
 # --- 8.2 one DualPipe rank's order from the eight steps' rules
 def dualpipe_ops(pp, micro_batches, rank, warm=2, zb3=True, main_extra=0, split_middle=True, overlap=True,
-                 f1_first=False, zb6=None, w_first=True, final_w=True, h=None):
+                 f1_first=False, zb6=None, w_first=True, final_w=True, h=None, f0_second=False, b1_last=False):
     """A learner's answer; the keywords put in one known mistake each."""
     n, m = pp // 2, micro_batches // 2
     h = min(rank, pp - 1 - rank) if h is None else h
     out = ["F0"] * (warm * (n - h - 1))
     for _ in range(h + 1):
-        out += ["F0", "F1"]
+        out += ["F1", "F0"] if f0_second else ["F0", "F1"]
     out += (["Bi1", "W", "F1"] if zb3 else ["B1", "F1"]) * (n - h - 1)
     for i in range(m - 2 * n + h + 1 + main_extra):
         first = ["F0", "B1"] if not overlap or (split_middle and i == 0 and h == n - 1) else ["F0&B1"]
         out += ["F1&B0"] + first if f1_first else first + ["F1&B0"]
-    out += ["B1", "F1&B0"] * (n - h - 1)
+    out += (["F1&B0", "B1"] if b1_last else ["B1", "F1&B0"]) * (n - h - 1)
     backs = ["B1", "B0"] * (h + 1)
     zb_from = h + 1 if zb6 is None else zb6(h)
     out += [("Bi" + t[1]) if i >= zb_from else t for i, t in enumerate(backs)]
@@ -101,27 +103,12 @@ def test_dualpipe_ops_right_and_stub():
     assert check_dualpipe_ops(_stub).status == "not attempted"
 
 
-def h_is_rank(pp, micro_batches, rank):
-    return dualpipe_ops(pp, micro_batches, rank, h=rank)
-
-
-@pytest.mark.parametrize("wrong, match", [
-    (h_is_rank, r"rank 2 has h = 1"),
-    (_variant(warm=1), r"step 1 runs \(PP/2 - h - 1\) x 2 forwards"),
-    (_variant(zb3=False), r"step 3 runs Bi1 \(input gradients only\), then W"),
-    (_variant(main_extra=1), r"step 4 runs micro_batches/2 - PP \+ h \+ 1 rounds"),
-    (_variant(split_middle=False), r"the middle ranks \(h = PP/2 - 1\) split the FIRST pair of step 4"),
-    (_variant(overlap=False), r"step 4 overlaps each forward with a backward of the other chunk"),
-    (_variant(f1_first=True), r"each round of step 4 is F0&B1, then F1&B0"),
-    (_variant(zb6=lambda h: 0), r"only the LAST h \+ 1 of those backwards are zero-bubble"),
-    (_variant(zb6=lambda h: 2 * h + 2), r"the last h \+ 1 backwards of step 6 are zero-bubble \(Bi\)"),
-    (_variant(w_first=False), r"step 7 runs a weight pass, THEN a zero-bubble backward"),
-    (_variant(final_w=False), r"step 8 runs a W for every weight pass still queued"),
-    (_variant(zb6=lambda h: h), r"op \d+ is 'Bi\d' where DeepSeek's order runs 'B\d' \(in its step 6"),
-])
-def test_dualpipe_ops_wrong(wrong, match):
-    with pytest.raises(CheckFailed, match=match):
-        check_dualpipe_ops(wrong, seed=1)
+def test_dualpipe_ops_wrong():
+    """The audit's named wrong answers (tests/wrong_answers/lab08.py), here on a fresh seed."""
+    from wrong_answers.lab08 import WRONG
+    for wrong, match in WRONG[check_dualpipe_ops]:
+        with pytest.raises(CheckFailed, match=match):
+            check_dualpipe_ops(wrong)
 
 
 def strings_with_spaces(pp, micro_batches, rank):
@@ -185,3 +172,23 @@ def test_failure_prints_the_seed():
 def test_calling_the_reference_is_caught(check, reference):
     with pytest.raises(CheckFailed, match="reference this exercise asks you to write"):
         check(reference)
+
+
+# --- right answers written differently (issue 46): none is refused, the library watch included
+def order_by_counting(pp, m, stage):
+    """Forward while fewer than pp - stage micro-batches are in flight, else backward: the same order."""
+    out, f, b = [], 0, 0
+    while b < m:
+        if f < m and f - b < pp - stage:
+            out.append(["F", f])
+            f += 1
+        else:
+            out.append(["B", b])
+            b += 1
+    return out
+
+
+def test_right_answers_written_differently():
+    for seed in (1, 2):
+        assert check_one_f_one_b_order(order_by_counting, seed=seed).passed
+        assert check_dualpipe_ops(lambda pp, m, r: tuple(dualpipe_ops(pp, m, r)), seed=seed).passed
