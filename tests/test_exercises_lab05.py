@@ -64,7 +64,7 @@ def test_format_facts_from_the_reference_class():
         f = lowp.Format("mine", e, m, special)
         return {"max": f.max, "smallest_normal": f.smallest_normal, "smallest_subnormal": f.smallest_subnormal,
                 "eps": f.eps}
-    with pytest.raises(CheckFailed, match="Format.max, the reference"):
+    with pytest.raises(CheckFailed, match="lowp.Format is the workbook's reference"):
         check_format_facts(via_format)
 
 

@@ -80,7 +80,7 @@ def check(place_replicas, cases, references=()) -> str:
             r = g * (e // g + rng.randint(1, 3))
         load = torch.exp(1.2 * torch.randn(e, generator=gen, dtype=torch.float64)) * 1000
         what = f"place_replicas(load [{e}], num_replicas={r}, num_gpus={g})"
-        got = learner_call(place_replicas, (load.clone(), r, g), what, references)
+        got = learner_call(place_replicas, (load.clone(), r, g), what, references, library=True)
         try:
             got = torch.as_tensor(got).to(torch.int64).reshape(-1)
         except (TypeError, ValueError, RuntimeError) as exc:
@@ -100,14 +100,14 @@ def check(place_replicas, cases, references=()) -> str:
         theirs = eplb.max_over_mean(eplb.gpu_loads(load[None], ref_p2l, ref_cnt, g))
         if sorted(on_gpu) == sorted(ref_on_gpu) or mine <= theirs * (1 + 1e-9):
             continue
+        flat = [sorted(got[i::g].tolist()) for i in range(g)]
+        if sorted(flat) == sorted(ref_on_gpu):  # before the mistakes: read GPU by GPU in turn, it is EPLB's placement
+            fail(f"{what}: the slots are listed GPU by GPU in turn (slot p on GPU p % num_gpus): slot p lives on GPU "
+                 f"p // (num_replicas // num_gpus), so list GPU 0's {per_gpu} slots first, then GPU 1's, ...")
         for mistake, message in MISTAKES.items():
             wrong = placement(load, r, g, mistake)
             if sorted(sorted(x) for x in wrong) == sorted(on_gpu):
                 fail(f"{what}: {message} (max/mean load {mine:.3f}, the lab's EPLB {theirs:.3f})")
-        flat = [sorted(got[i::g].tolist()) for i in range(g)]
-        if sorted(flat) == sorted(ref_on_gpu):
-            fail(f"{what}: the slots are listed GPU by GPU in turn (slot p on GPU p % num_gpus): slot p lives on GPU "
-                 f"p // (num_replicas // num_gpus), so list GPU 0's {per_gpu} slots first, then GPU 1's, ...")
         fail(f"{what}: max/mean GPU load {mine:.3f}, the lab's EPLB reaches {theirs:.3f} (GPU 0 holds experts "
              f"{on_gpu[0]}, EPLB puts {ref_on_gpu[0]} there)")
     return (f"the same GPUs' loads as the lab's EPLB on {len(shapes)} layers of random loads (max/mean GPU load equal "
