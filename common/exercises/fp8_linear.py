@@ -121,6 +121,8 @@ def _quantize_mistakes(x, w):
                               ("one weight scale for the whole tensor instead of one per 128x128 block", (N, K))):
         q, s = _quantize(w, rows, cols)
         out.append((msg, right_x @ _dequant(q, s, rows, cols).T))
+    out.append(("x and w were never quantized: y is the float32 product x @ w.T -- quantize both to FP8 E4M3 with "
+                "their scales first (that is the layer's point: half the bytes of BF16)", x.double() @ w.double().T))
     for msg, top in (("the scale is amax / 127 (int8's largest value): E4M3's largest value is 448 -- amax / 448 "
                       "uses the whole FP8 range", 127.0),
                      ("the scale is amax / 57344 (E5M2's largest value): the values land far below E4M3's range "
