@@ -572,9 +572,9 @@ def test_nvfp4_zero_block_nan():  # class 4
 
 def test_promoted_parameters_ignored():  # class 2
     with pytest.raises(CheckFailed, match="acc_bits"):
-        check_promoted_sum(lambda p, bits, every: lowp.accumulate(p, 14, every))
+        check_promoted_sum(lambda p, bits, every: promoted(p, 14, every))
     with pytest.raises(CheckFailed, match="promote every 128"):
-        check_promoted_sum(lambda p, bits, every: lowp.accumulate(p, bits, 128))
+        check_promoted_sum(lambda p, bits, every: promoted(p, bits, 128))
 
 
 def test_promoted_float32_total_accepted():  # class 7

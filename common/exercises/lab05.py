@@ -250,6 +250,11 @@ def check_quantize_fp8_blockwise(quantize_fp8_blockwise, cases):
     cases_ = [((1, 128), 128, 384, True), ((128, 128), 256, 128, True), ((2, 64), 64, 256, True),
               ((1, 128), 128, 128 * rng.randint(2, 3), False),
               ((128, 128), 128 * rng.randint(1, 2), 128 * rng.randint(1, 2), False)]
+    # the refusals first: they are cheap, and a learner who pads silently hears it at once
+    expect_refusal(quantize_fp8_blockwise, "quantize_fp8_blockwise(x of shape (4, 200), block=(1, 128))",
+                    rand_tensor(4, 200, gen), (1, 128))
+    expect_refusal(quantize_fp8_blockwise, "quantize_fp8_blockwise(x of shape (100, 256), block=(128, 128))",
+                    rand_tensor(100, 256, gen), (128, 128))
     for block, M, K, with_zero in cases_:
         x = rand_tensor(M, K, gen)
         if with_zero:
@@ -267,10 +272,7 @@ def check_quantize_fp8_blockwise(quantize_fp8_blockwise, cases):
         expect_close(s, ref.scale, f"scale for block {block}, x of shape {(M, K)} (amax / 448 per block, in FP32)",
                      rtol=1e-6, atol=0)
         check_elements(q, x, expand(s, *block), lowp.e4m3)
-    expect_refusal(quantize_fp8_blockwise, "quantize_fp8_blockwise(x of shape (4, 200), block=(1, 128))",
-                    rand_tensor(4, 200, gen), (1, 128))
-    expect_refusal(quantize_fp8_blockwise, "quantize_fp8_blockwise(x of shape (100, 256), block=(128, 128))",
-                    rand_tensor(100, 256, gen), (128, 128))
+        _refuse_references(used, "compute the block scales and the rounding")  # this case right: say so at once
     _refuse_references(used, "compute the block scales and the rounding")
     return ("1x128 tiles, 128x128 blocks and a 2x64 block right, all-zero blocks with finite scales; a block that does "
             "not tile x (K or rows) is refused")
@@ -326,6 +328,7 @@ def check_mx_quantize(mx_quantize, cases):
             fail(f"{what}: scale{idx}: expected 2^(floor(log2 amax) - {elem.emax}) = {float(ref.scale[idx]):g}, got "
                  f"{float(s[idx]):g}")
         check_elements(q, x, expand(s, 1, block), elem)
+        _refuse_references(used, "compute the E8M0 scales")
     _refuse_references(used, "compute the E8M0 scales")
     return ("MXFP4, MXFP8 (E4M3 and E5M2) right for blocks of 16, 32 and 64: power-of-two scales along K, "
             "saturation above the element max, all-zero blocks with finite scales")
@@ -412,6 +415,7 @@ def check_nvfp4_quantize(nvfp4_quantize, cases):
                      atol=0)
         s_full = expand(bs * ts, 1, 16)
         check_elements(q, x, torch.where(s_full > 0, s_full, torch.ones_like(s_full)), lowp.e2m1, ignore=s_full == 0)
+        _refuse_references(used, "compute the two levels of scales")
     _refuse_references(used, "compute the two levels of scales")
     return ("tensor scale, E4M3 block scales per 16 elements and E2M1 elements right for amax from 1e-3 to 1e4; "
             "all-zero blocks give q = 0 and a finite scale")
@@ -484,6 +488,7 @@ def check_promoted_sum(promoted_sum, cases):
                  f"reference model's is {np.abs(ref - exact).max():.3g}): did you forget to restart the limited "
                  f"accumulator at 0 after adding it to the FP32 total?")
         expect_close(got, ref, f"{what}: sums", rtol=1e-6, atol=1e-6 * float(np.abs(p).sum(axis=1).max()))
+        _refuse_references(used, "write the accumulation loop")
     _refuse_references(used, "write the accumulation loop")
     return "limited accumulator promoted into FP32 every N products (N and the bits varied), a ragged last group"
 
