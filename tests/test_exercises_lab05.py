@@ -682,3 +682,13 @@ def test_library_helpers_that_do_the_exercise_are_refused():
         check_round_to_e4m3(lambda x: (lowp.round_significand(np.ones(1), 4), round_e4m3(x))[1])
     with pytest.raises(CheckFailed, match=r"never quantized.*; and your code called .*scaled_gemm.quantize_fp8"):
         check_fp8_linear(lambda x, w: (scaled_gemm.quantize_fp8(x, (1, 128)), fp8_linear(x, w, "unquantized"))[1])
+
+
+def test_the_grader_sees_the_same_library_watch(monkeypatch):
+    """Through the grader's wire, what 5.3 hands out (lowp.blocks, round_to) is allowed and lowp.quantize refused."""
+    from common.core import checks
+    from common.exercises import remote
+    monkeypatch.setattr(checks, "submission_hook", remote.loopback_hook)
+    assert check_quantize_fp8_blockwise(fp8_blockwise).passed
+    with pytest.raises(CheckFailed, match=r"come from common.kernels.lowp.block_scaling.quantize"):
+        check_quantize_fp8_blockwise(lambda x, b: (lambda qt: (qt.q, qt.scale))(lowp.quantize(x, lowp.e4m3, b)))

@@ -474,3 +474,13 @@ def test_library_helpers_that_do_the_exercise_are_refused():
     with pytest.raises(CheckFailed, match="called common.moe.moe.deepseek_v3_gate"):
         lab06.check_dispatch_combine(lambda x, w, i, ex: (moe.deepseek_v3_gate(x @ x.T[:, :8], None, 2, 1, 1, 1.0),
                                                           dispatch_combine(x, w, i, ex))[1])
+
+
+def test_the_grader_sees_the_same_library_watch(monkeypatch):
+    """Through the grader's wire (common.exercises.remote's loopback), a call into common.moe is refused the same way."""
+    from common.core import checks
+    from common.exercises import remote
+    monkeypatch.setattr(checks, "submission_hook", remote.loopback_hook)
+    with pytest.raises(CheckFailed, match="called common.moe.eplb.balanced_packing"):
+        lab06.check_place_replicas(lambda load, r, g: (eplb.balanced_packing(load[None], g), place(load, r, g))[1])
+    assert lab06.check_place_replicas(place).passed
