@@ -25,11 +25,11 @@ from common.exercises.blockwise import (
     with_zero_block,
 )
 from common.exercises import fp8_linear as _fp8
+from common.exercises import lowp_mistakes as named
 from common.exercises.cases import learner_call, replayable
 from common.kernels import lowp, scaled_gemm
 
 _SPECIALS = ("ieee", "fn", "none")
-
 
 
 # What each exercise asks the learner to write: calling these references in its place is caught (other helpers of
@@ -94,7 +94,6 @@ def _refuse_references(used, task):
              f"yourself (the exercise text lists the helpers you may use)")
 
 
-
 # ---------------------------------------------------------------------------------------------- 5.1
 @checker("5.1", "format facts from the bit layout")
 @replayable
@@ -130,7 +129,7 @@ def check_format_facts(format_facts, cases):
         if math.isclose(got["eps"], ref.eps / 2):
             fail(f"{name}: eps {got['eps']:g} is half the spacing (the unit roundoff); machine epsilon is the "
                  f"distance from 1 to the next value, 2^-{m} = {ref.eps:g}")
-        _format_mistakes(got, e, m, sp, name, ref)
+        named.format_mistakes(got, e, m, sp, name, ref)
         for k in keys:
             expect_close(got[k], getattr(ref, k), f"{name} {k}", rtol=1e-12, atol=0)
         if ref.torch_dtype and ref.bits >= 8 and hasattr(torch, ref.torch_dtype):
@@ -138,29 +137,6 @@ def check_format_facts(format_facts, cases):
             expect_close(got["max"], fi.max, f"{name} max vs torch.finfo", rtol=1e-12, atol=0)
             expect_close(got["eps"], fi.eps, f"{name} eps vs torch.finfo", rtol=1e-12, atol=0)
     return f"{len(cases_)} layouts right (E4M3 max 448, E5M2 57344, E2M1 6; agrees with torch.finfo)"
-
-
-def _format_mistakes(got, e, m, sp, name, ref):
-    """Name the look-alike layouts: bias off by one, the mantissa left out of max, subnormals off or missing."""
-    bias = 2 ** (e - 1) - 1
-    emax = ref.emax
-    same = lambda k, v: math.isclose(float(got[k]), v, rel_tol=1e-12) and not math.isclose(  # noqa: E731
-        getattr(ref, k), v, rel_tol=1e-12)
-    if sp == "ieee" and same("max", lowp.Format(name, e, m, "none").max):
-        fail(f"{name}: max {got['max']:g} uses the top exponent code for numbers, but an IEEE format keeps it for "
-             f"Inf and NaN: emax = 2^{e} - 2 - bias = {emax}, max = {ref.max:g}")
-    if same("max", 2.0 ** emax) or same("max", 2.0 ** (emax + 1)):
-        fail(f"{name}: max {got['max']:g} leaves out the mantissa: the largest value is 1.11..1 (binary) x 2^emax = "
-             f"(2 - 2^-{m}{' x 2' if sp == 'fn' else ''}) x 2^{emax} = {ref.max:g}")
-    if same("smallest_normal", 2.0 ** -bias) or same("smallest_normal", 2.0 ** (-bias - 1)):
-        fail(f"{name}: smallest_normal {got['smallest_normal']:g} has the exponent off by one: exponent code 1 is "
-             f"the smallest normal, 2^(1 - bias) with bias = 2^({e}-1) - 1 = {bias}: {ref.smallest_normal:g}")
-    if same("smallest_subnormal", ref.smallest_normal):
-        fail(f"{name}: smallest_subnormal equals smallest_normal: below 2^(1 - bias) the subnormals go on in steps "
-             f"of 2^(1 - bias - {m}) = {ref.smallest_subnormal:g} (exponent code 0, no implicit 1)")
-    if same("smallest_subnormal", ref.smallest_subnormal / 2) or same("smallest_subnormal", ref.smallest_subnormal * 2):
-        fail(f"{name}: smallest_subnormal {got['smallest_subnormal']:g} is off by a factor of 2: it is the smallest "
-             f"normal divided by 2^man_bits, 2^(1 - bias - {m}) = {ref.smallest_subnormal:g}")
 
 
 # ---------------------------------------------------------------------------------------------- 5.2
@@ -192,7 +168,7 @@ def check_round_to_e4m3(round_to_e4m3, cases):
     if d is not None:
         (i,), n = d
         xv, g, r = float(x[i]), float(got[i]), float(ref[i])
-        for variant, message in _ROUNDING_MISTAKES:
+        for variant, message in named.ROUNDING_MISTAKES:
             if torch.equal(got.double(), variant(x)):
                 fail(f"x = {xv:g} gave {g:g}, expected {r:g}: {message} ({n} of {x.numel()} values wrong)")
         flushed = (x.abs() < lowp.e4m3.smallest_normal) & (got == 0) & (ref != 0)
@@ -209,34 +185,6 @@ def check_round_to_e4m3(round_to_e4m3, cases):
         used.add("a cast to a torch float8 dtype")
     _refuse_references(used, "round with torch arithmetic")
     return f"{x.numel()} values right: ties to even, subnormals, saturation at 448 (matches torch's cast)"
-
-
-
-
-def _grid_round(x, man=3, emin=-6, top=448.0, how="nearest"):
-    """x rounded on a binary grid with `man` mantissa bits, exponents clamped at `emin` (the subnormal step), clamped
-    to +-top: the right E4M3 rounding by default, a named mistake otherwise."""
-    a = x.double().abs()
-    e = torch.floor(torch.log2(torch.where(a > 0, a, torch.ones_like(a)))).clamp(min=emin)
-    step = 2.0 ** (e - man)
-    q = (torch.round(a / step) if how == "nearest" else torch.floor(a / step)) * step
-    return torch.copysign(q.clamp(max=top), x.double())
-
-
-_ROUNDING_MISTAKES = (
-    (lambda x: _grid_round(x, how="trunc"), "you truncated (floor of |x| / step, toward zero); round to the NEAREST "
-                                            "E4M3 value, ties to even (torch.round)"),
-    (lambda x: _grid_round(x, man=2), "that is a grid of 2 mantissa bits (E5M2's step); E4M3 keeps 3: step = "
-                                      "2^(e - 3)"),
-    (lambda x: _grid_round(x, man=4), "that is a grid of 4 mantissa bits; E4M3 keeps 3: step = 2^(e - 3)"),
-    (lambda x: _grid_round(x, emin=-7), "the subnormal step is off: E4M3's exponent stops at -6 (bias 7), so below "
-                                        "2^-6 the step stays 2^-9 -- clamp the exponent at -6"),
-    (lambda x: _grid_round(x, emin=-60), "no subnormal step: below 2^-6 E4M3 has subnormals on a fixed step of 2^-9, "
-                                         "not ever finer normal values -- clamp the exponent at -6"),
-    (lambda x: _grid_round(x, top=240.0), "saturates at 240, the IEEE-style E4M3 max; OCP E4M3 (fn) uses the top "
-                                          "exponent for numbers, so it saturates at 448"),
-    (lambda x: _grid_round(x).abs(), "the sign is lost: round |x| and give the result x's sign (torch.copysign)"),
-)
 
 
 # ---------------------------------------------------------------------------------------------- 5.3
@@ -267,7 +215,7 @@ def check_quantize_fp8_blockwise(quantize_fp8_blockwise, cases):
             if s.shape == ref.scale.shape and torch.allclose(s, 1 / ref.scale, rtol=1e-5):
                 fail("scale is upside down: you returned 448 / amax. The scale is what q is multiplied by to get "
                      "x back: scale = amax / 448, q = x / scale")
-            _name_divisor(s, ref.scale)
+            named.name_divisor(s, ref.scale)
         q, s = check_blockwise("quantize_fp8_blockwise", out, x, *block, lowp.e4m3, ref.scale, "fp32")
         expect_close(s, ref.scale, f"scale for block {block}, x of shape {(M, K)} (amax / 448 per block, in FP32)",
                      rtol=1e-6, atol=0)
@@ -276,18 +224,6 @@ def check_quantize_fp8_blockwise(quantize_fp8_blockwise, cases):
     _refuse_references(used, "compute the block scales and the rounding")
     return ("1x128 tiles, 128x128 blocks and a 2x64 block right, all-zero blocks with finite scales; a block that does "
             "not tile x (K or rows) is refused")
-
-
-def _name_divisor(s, ref_scale):
-    """A scale of amax / (another format's max): named by the format whose max it used."""
-    live = ref_scale != 1  # all-zero blocks keep scale 1 whatever the divisor
-    if s.shape != ref_scale.shape or not bool(live.any()):
-        return
-    for top, what in ((127.0, "int8's largest value"), (57344.0, "E5M2's largest value"),
-                      (240.0, "the IEEE-style E4M3 max"), (256.0, "a power of two near E4M3's max")):
-        if torch.allclose(s.double()[live], ref_scale[live] * 448 / top, rtol=1e-5):
-            fail(f"the scale is amax / {top:g} ({what}): OCP E4M3's largest value is 448, so scale = amax / 448 "
-                 f"uses the whole FP8 range")
 
 
 # ---------------------------------------------------------------------------------------------- 5.4
@@ -324,7 +260,7 @@ def check_mx_quantize(mx_quantize, cases):
                 fail(f"{what}: scale{idx} = {float(s[idx]):g}: you rounded the exponent up (2^ceil(log2(amax/"
                      f"{elem.max:g}))), a variant that never saturates). OCP MX v1.0 takes floor(log2(amax)) - "
                      f"{elem.emax} = {float(ref.scale[idx]):g} and saturates the few elements above {elem.max:g}")
-            _name_mx_exponent(what, s, ref.scale, lowp.blocks(x.double(), 1, block).abs().amax(-1), elem, idx)
+            named.name_mx_exponent(what, s, ref.scale, lowp.blocks(x.double(), 1, block).abs().amax(-1), elem, idx)
             fail(f"{what}: scale{idx}: expected 2^(floor(log2 amax) - {elem.emax}) = {float(ref.scale[idx]):g}, got "
                  f"{float(s[idx]):g}")
         check_elements(q, x, expand(s, 1, block), elem)
@@ -332,23 +268,6 @@ def check_mx_quantize(mx_quantize, cases):
     _refuse_references(used, "compute the E8M0 scales")
     return ("MXFP4, MXFP8 (E4M3 and E5M2) right for blocks of 16, 32 and 64: power-of-two scales along K, "
             "saturation above the element max, all-zero blocks with finite scales")
-
-
-def _name_mx_exponent(what, s, ref_scale, amax, elem, idx):
-    """The look-alike E8M0 exponents: log2 of amax / elem.max floored, log2 amax rounded, emax off by one."""
-    live = amax > 0
-    s, amax = s.double(), amax.double()
-    log = torch.log2(torch.where(live, amax, torch.ones_like(amax)))
-    for other, why in (
-            (2.0 ** torch.floor(torch.log2(torch.where(live, amax / elem.max, torch.ones_like(amax)))),
-             f"2^floor(log2(amax / {elem.max:g})) divides by the element's max, not by 2^emax: the element's top "
-             f"binade [2^emax, max] then goes unused in some blocks"),
-            (2.0 ** (torch.round(log) - elem.emax), "log2(amax) was rounded to the nearest integer: OCP MX floors it"),
-            (ref_scale.double() * 2, f"the exponent is one too high (emax - 1): subtract emax = {elem.emax}"),
-            (ref_scale.double() / 2, f"the exponent is one too low (emax + 1): subtract emax = {elem.emax}")):
-        if torch.equal(s[live], other[live]) and not torch.equal(other[live], ref_scale.double()[live]):
-            fail(f"{what}: scale{idx} = {float(s[idx]):g}, expected 2^(floor(log2 amax) - {elem.emax}) = "
-                 f"{float(ref_scale[idx]):g}: {why}")
 
 
 # ---------------------------------------------------------------------------------------------- 5.5
@@ -399,7 +318,7 @@ def check_nvfp4_quantize(nvfp4_quantize, cases):
             fail(f"{what}: the block scales were truncated (rounded DOWN to an E4M3 value): round block_amax / 6 / "
                  f"tensor_scale to the NEAREST E4M3 value")
         q, bs = check_blockwise("nvfp4_quantize", (q, bs), x, 1, 16, lowp.e2m1, ref.block_scale, "e4m3")
-        up = _e4m3_up(lowp.blocks(x.double(), 1, 16).abs().amax(-1) / 6 / ref.tensor_scale)
+        up = named.e4m3_up(lowp.blocks(x.double(), 1, 16).abs().amax(-1) / 6 / ref.tensor_scale)
         if not torch.equal(bs, ref.block_scale) and torch.equal(bs, up.to(bs.dtype)):
             idx = tuple(int(i) for i in torch.nonzero(bs != ref.block_scale)[0])
             fail(f"{what}: block_scale{idx} = {float(bs[idx]):g}: you rounded block_amax / 6 / tensor_scale UP to the "
@@ -419,14 +338,6 @@ def check_nvfp4_quantize(nvfp4_quantize, cases):
     _refuse_references(used, "compute the two levels of scales")
     return ("tensor scale, E4M3 block scales per 16 elements and E2M1 elements right for amax from 1e-3 to 1e4; "
             "all-zero blocks give q = 0 and a finite scale")
-
-
-def _e4m3_up(v):
-    """v rounded UP to an E4M3 value (the mistake; the right rounding is to the nearest)."""
-    grid = torch.tensor(sorted(set(lowp.e4m3.values())), dtype=torch.float64)
-    v = v.double()
-    i = torch.searchsorted(grid, v.clamp(max=float(grid[-1]))).clamp(max=grid.numel() - 1)
-    return grid[i]
 
 
 def _amax_just_above_e4m3(x, gen):
@@ -476,7 +387,7 @@ def check_promoted_sum(promoted_sum, cases):
             other = lowp.accumulate(p, acc_bits, ev)
             if np.allclose(got, other, rtol=1e-12) and not np.allclose(ref, other, rtol=1e-12):
                 fail(f"{what}: you promote every {ev} products, not every promote_every = {every}")
-        for other, why in _accumulation_mistakes(p, acc_bits, every):
+        for other, why in named.accumulation_mistakes(p, acc_bits, every):
             if np.allclose(got, other, rtol=1e-12) and not np.allclose(ref, other, rtol=1e-12):
                 fail(f"{what}: {why}")
         exact = p.sum(axis=1)
@@ -491,34 +402,6 @@ def check_promoted_sum(promoted_sum, cases):
         _refuse_references(used, "write the accumulation loop")
     _refuse_references(used, "write the accumulation loop")
     return "limited accumulator promoted into FP32 every N products (N and the bits varied), a ragged last group"
-
-
-def _promoted(p, bits, every, rounding="truncate", first=0, leftover=True, round_products=False):
-    """The promoted accumulation with one named change: round to nearest, the groups shifted (promote after product
-    `first`, then every `every`), the leftover group dropped, the products rounded instead of the running sum."""
-    acc, total = np.zeros(p.shape[0]), np.zeros(p.shape[0])
-    for k in range(p.shape[1]):
-        if round_products:
-            acc = acc + lowp.round_significand(p[:, k], bits, rounding)
-        else:
-            acc = lowp.round_significand(acc + p[:, k], bits, rounding)
-        if (k + 1 - first) % every == 0:
-            total, acc = total + acc, np.zeros_like(acc)
-    return total + acc if leftover else total
-
-
-def _accumulation_mistakes(p, bits, every):
-    return (
-        (_promoted(p, bits, every, rounding="nearest"), "the running sum was rounded to nearest; a tensor core's "
-                                                        "adder truncates the aligned bits (lowp.round_significand's "
-                                                        "default, 'truncate')"),
-        (_promoted(p, bits, every, first=1), "promoted after products 1, 1 + N, ...: off by one -- promote after "
-                                             "every N products, i.e. when (k + 1) % N == 0"),
-        (_promoted(p, bits, every, leftover=False), "the last, partial group is lost: add what is left in the limited "
-                                                    "accumulator to the total at the end"),
-        (_promoted(p, bits, every, round_products=True), "you rounded each product, not the running sum: the limited "
-                                                         "accumulator is acc = round(acc + p[:, k])"),
-    )
 
 
 # ---------------------------------------------------------------------------------------------- 5.7
