@@ -159,6 +159,7 @@ WRONG = {
            re.escape(eplb_place.MISTAKES[m].split(":")[0][:40]))
           for m in eplb_place.MISTAKES],
         (_interleaved, "GPU p % num_gpus"),
+        (lambda load, r, g: _from_gpus(eplb_place.placement(load, r, g, "no_capacity")), "more than num_replicas"),
         (lambda load, r, g: place(load, r, g)[:-1], "returned .* slots"),
         (lambda load, r, g: place(load, r, g) + 1, "must be expert ids"),
         (lambda load, r, g: torch.where(place(load, r, g) == 0, 1, place(load, r, g)), "has no replica"),
