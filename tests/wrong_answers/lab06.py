@@ -140,6 +140,7 @@ WRONG = {
         (lambda e, k, n: round(_nodes(e, k, n)), "rounded"),
         (lambda e, k, n: math.floor(_nodes(e, k, n)), "truncated"),
         (lambda e, k, n: (_nodes(e, k, n),), "expected a number of nodes"),
+        (lambda e, k, n: n * (1 - math.comb(e - e / n, k) / math.comb(e, k)), "raised TypeError"),  # E / N, a float
     ],
     lab06.check_replica_counts: [
         (_heaviest, "heaviest expert"),
