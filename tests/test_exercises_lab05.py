@@ -64,7 +64,7 @@ def test_format_facts_from_the_reference_class():
         f = lowp.Format("mine", e, m, special)
         return {"max": f.max, "smallest_normal": f.smallest_normal, "smallest_subnormal": f.smallest_subnormal,
                 "eps": f.eps}
-    with pytest.raises(CheckFailed, match="Format.max, the reference"):
+    with pytest.raises(CheckFailed, match="lowp.Format is the workbook's reference"):
         check_format_facts(via_format)
 
 
@@ -363,6 +363,8 @@ def fp8_linear(x, w, mistake=None):
             y += (part * xs[:, k:k + 1] * w_col[:, k][None, :]).to(y.dtype)
     if mistake == "once":
         y = y * xs[:, :1] * w_col[:, :1].T
+    if mistake == "unquantized":
+        y = x @ w.T
     nbytes = {"bytes_no_scales": M * K + N * K, "bytes_bf16": 2 * (M * K + N * K)}.get(
         mistake, xq.numel() + wq.numel() + 4 * (M * K // 128 + N * K // 16384))
     return y.float(), nbytes
@@ -390,6 +392,7 @@ FP8_LINEAR_MISTAKES = [
     ("e5m2_max", "amax / 57344"), ("inverted", "upside down"), ("repeat_not_interleave", "repeat_interleave"),
     ("bf16_acc", "bfloat16"), ("no_x_scale", "activation scales left out"), ("once", "applied once"),
     ("bytes_no_scales", "leave out the scales"), ("bytes_bf16", "BF16's count"),
+    ("unquantized", "never quantized"),
 ]
 
 
@@ -569,9 +572,9 @@ def test_nvfp4_zero_block_nan():  # class 4
 
 def test_promoted_parameters_ignored():  # class 2
     with pytest.raises(CheckFailed, match="acc_bits"):
-        check_promoted_sum(lambda p, bits, every: lowp.accumulate(p, 14, every))
+        check_promoted_sum(lambda p, bits, every: promoted(p, 14, every))
     with pytest.raises(CheckFailed, match="promote every 128"):
-        check_promoted_sum(lambda p, bits, every: lowp.accumulate(p, bits, 128))
+        check_promoted_sum(lambda p, bits, every: promoted(p, bits, 128))
 
 
 def test_promoted_float32_total_accepted():  # class 7
@@ -597,3 +600,95 @@ def test_dequantized_q_is_named(check, quantize):
         return qt.q * qt.scale.repeat_interleave(bm, 0).repeat_interleave(bk, 1), qt.scale
     with pytest.raises(CheckFailed, match="dequantized values"):
         check(dequantized)
+
+
+# ------------------------------------------------------------------------------------------------ issue 46
+# Right answers written differently pass under the library watch: what each exercise hands out (lowp.blocks,
+# round_to, Format's properties, round_significand) is allowed; the rest of the library is refused.
+
+def test_right_answers_written_differently():
+    def facts_by_codes(e, m, special):  # the largest code's value, built from its bits
+        bias = 2 ** (e - 1) - 1
+        top_exp = 2 ** e - (2 if special == "ieee" else 1)
+        top_man = 2 ** m - (2 if special == "fn" else 1)
+        return {"max": (2 ** m + top_man) * 2.0 ** (top_exp - bias - m), "smallest_normal": 2.0 ** (1 - bias),
+                "smallest_subnormal": 2.0 ** (1 - bias) / 2 ** m, "eps": 1 / 2 ** m}
+    assert check_format_facts(facts_by_codes).passed
+
+    grid = torch.tensor(sorted({abs(v) for v in lowp.e4m3.values()}), dtype=torch.float64)  # code i has value i
+
+    def round_by_grid(x):  # nearest grid value, ties to the even code
+        a = x.double().abs().clamp(max=448.0)
+        hi = torch.searchsorted(grid, a).clamp(max=grid.numel() - 1)
+        lo = (hi - 1).clamp(min=0)
+        d_lo, d_hi = a - grid[lo], grid[hi] - a
+        pick = torch.where(d_lo < d_hi, lo, torch.where(d_hi < d_lo, hi, torch.where(lo % 2 == 0, lo, hi)))
+        return torch.copysign(grid[pick], x.double())
+    assert check_round_to_e4m3(round_by_grid).passed
+
+    def fp8_by_reshape(x, block):  # no lowp.blocks: reshape and permute, q through the float8 cast
+        bm, bk = block
+        M, K = x.shape
+        if M % bm or K % bk:
+            raise ValueError(f"block {block} does not tile {tuple(x.shape)}")
+        b = x.double().reshape(M // bm, bm, K // bk, bk)
+        s = (b.abs().amax(dim=(1, 3)) / 448).float()
+        s = torch.where(s > 0, s, torch.ones_like(s))
+        q = (b / s.double()[:, None, :, None]).reshape(M, K).float().to(torch.float8_e4m3fn)
+        return q, s
+    assert check_quantize_fp8_blockwise(fp8_by_reshape).passed
+
+    def mx_by_frexp(x, elem, block=32):  # floor(log2 amax) from frexp's exponent
+        b = x.double().reshape(x.shape[0], -1, block)
+        amax = b.abs().amax(-1)
+        _, e = torch.frexp(amax)
+        exp = torch.where(amax > 0, e.double() - 1 - elem.emax, torch.full_like(amax, -127.0))
+        s = torch.pow(2.0, exp)
+        return lowp.round_to(b / s[..., None], elem).reshape(x.shape), s
+    assert check_mx_quantize(mx_by_frexp).passed
+
+    def nvfp4_by_reshape(x):
+        b = x.double().reshape(x.shape[0], -1, 16)
+        ts = float(torch.tensor(float(b.abs().max()) / (6 * 448), dtype=torch.float32))
+        ts = ts or 1.0
+        bs = lowp.round_to(b.abs().amax(-1) / 6 / ts, lowp.e4m3)
+        s = (bs * ts)[..., None]
+        q = torch.where(s > 0, lowp.round_to(b / torch.where(s > 0, s, torch.ones_like(s)), lowp.e2m1), 0.0)
+        return q.reshape(x.shape), bs, ts
+    assert check_nvfp4_quantize(nvfp4_by_reshape).passed
+
+    def promoted_by_groups(products, acc_bits, promote_every):  # one group of promote_every products at a time
+        p = np.asarray(products, dtype=np.float64)
+        total = np.zeros(p.shape[0])
+        for start in range(0, p.shape[1], promote_every):
+            acc = np.zeros(p.shape[0])
+            for k in range(start, min(start + promote_every, p.shape[1])):
+                acc = lowp.round_significand(acc + p[:, k], acc_bits)
+            total += acc
+        return total
+    assert check_promoted_sum(promoted_by_groups).passed
+
+
+def test_library_helpers_that_do_the_exercise_are_refused():
+    def via_fake_quantize(x, elem, block=32):  # the library's fake quantization gives q x scale; divide it back
+        q, s = mx(x, elem, block)
+        lowp.fake_quantize(x, "mxfp4", pad=True)
+        return q, s
+    with pytest.raises(CheckFailed, match=r"come from common.kernels.lowp.block_scaling.fake_quantize"):
+        check_mx_quantize(via_fake_quantize)
+    with pytest.raises(CheckFailed, match=r"come from common.kernels.lowp.storage.bytes_per_param"):
+        check_bytes_per_param(lambda e, s, b: lowp.bytes_per_param(e, s, b) + 0.0)
+    with pytest.raises(CheckFailed, match=r"come from common.kernels.lowp.accuracy.round_significand"):
+        check_round_to_e4m3(lambda x: (lowp.round_significand(np.ones(1), 4), round_e4m3(x))[1])
+    with pytest.raises(CheckFailed, match=r"never quantized.*; and your code called .*scaled_gemm.quantize_fp8"):
+        check_fp8_linear(lambda x, w: (scaled_gemm.quantize_fp8(x, (1, 128)), fp8_linear(x, w, "unquantized"))[1])
+
+
+def test_the_grader_sees_the_same_library_watch(monkeypatch):
+    """Through the grader's wire, what 5.3 hands out (lowp.blocks, round_to) is allowed and lowp.quantize refused."""
+    from common.core import checks
+    from common.exercises import remote
+    monkeypatch.setattr(checks, "submission_hook", remote.loopback_hook)
+    assert check_quantize_fp8_blockwise(fp8_blockwise).passed
+    with pytest.raises(CheckFailed, match=r"come from common.kernels.lowp.block_scaling.quantize"):
+        check_quantize_fp8_blockwise(lambda x, b: (lambda qt: (qt.q, qt.scale))(lowp.quantize(x, lowp.e4m3, b)))

@@ -389,3 +389,98 @@ def test_replica_counts_largest_remainders_named():
     for _ in range(3):
         with pytest.raises(CheckFailed, match="largest remainders"):
             lab06.check_replica_counts(hamilton)
+
+
+# ---------------------------------------------------------------- issue 46: right answers written differently, and
+# the library watch (nothing of common.moe is handed out in this lab)
+
+def test_right_answers_written_differently():
+    def ffn_per_layer(h, f, nr, ns, k, L):  # a loop over layers, router and experts counted apart
+        total = active = 0
+        for _ in range(L):
+            total += nr * h + (nr + ns) * 3 * h * f
+            active += nr * h + (k + ns) * 3 * h * f
+        return [total, active]
+    assert lab06.check_moe_ffn_params(ffn_per_layer).passed
+
+    def gate_by_sort(logits, bias, k, ng, tg, scale):  # argsort instead of topk, torch.where instead of masked_fill
+        scores = logits.sigmoid()
+        choice = scores + bias
+        t, e = choice.shape
+        top2 = choice.view(t, ng, -1).sort(-1, descending=True).values[..., :2].sum(-1)
+        kept = top2.argsort(-1, descending=True)[:, :tg]
+        in_kept = (torch.arange(e).view(1, 1, e) // (e // ng) == kept.unsqueeze(-1)).any(1)
+        idx = torch.where(in_kept, choice, torch.full_like(choice, -math.inf)).argsort(-1, descending=True)[:, :k]
+        w = scores.gather(1, idx)
+        return (scale * w / w.sum(1, keepdim=True)).float(), idx
+    assert lab06.check_deepseek_gate(gate_by_sort).passed
+
+    def layer_by_masks(x, weights, indices, experts):  # each expert once, on the tokens that chose it
+        out = torch.zeros_like(x)
+        for e in range(experts.num_experts):
+            tok, slot = (indices == e).nonzero(as_tuple=True)
+            if tok.numel():
+                out = out.index_add(0, tok, experts.forward(e, x[tok]) * weights[tok, slot].unsqueeze(1).to(x.dtype))
+        return out
+    assert lab06.check_dispatch_combine(layer_by_masks).passed
+
+    def nodes_by_product(e, k, n):  # P(a node gets none) as a product of k draws without replacement
+        none = 1.0
+        for i in range(k):
+            none *= (e - e // n - i) / (e - i)
+        return n * (1 - none)
+    assert lab06.check_expected_nodes(nodes_by_product).passed
+
+    def counts_by_heap(load, r):
+        import heapq
+        count = [1] * len(load)
+        heap = [(-float(v), i) for i, v in enumerate(load)]
+        heapq.heapify(heap)
+        for _ in range(r - len(load)):
+            _, i = heapq.heappop(heap)
+            count[i] += 1
+            heapq.heappush(heap, (-float(load[i]) / count[i], i))
+        return count
+    assert lab06.check_replica_counts(counts_by_heap).passed
+
+    def place_as_list(load, r, g):  # a list of ints, GPUs filled by a heap of (load, gpu)
+        import heapq
+        count = [int(c) for c in _counts(load, r)]
+        reps = sorted(((float(load[x]) / count[x], x) for x in range(len(count)) for _ in range(count[x])),
+                      reverse=True)
+        heap, slots = [(0.0, i) for i in range(g)], [[] for _ in range(g)]
+        for w, x in reps:
+            full = []
+            while True:
+                gl, i = heapq.heappop(heap)
+                if len(slots[i]) < r // g:
+                    break
+                full.append((gl, i))
+            slots[i].append(x)
+            heapq.heappush(heap, (gl + w, i))
+            for item in full:
+                heapq.heappush(heap, item)
+        return [x for s in slots for x in s]
+    assert lab06.check_place_replicas(place_as_list).passed
+
+
+def test_library_helpers_that_do_the_exercise_are_refused():
+    with pytest.raises(CheckFailed, match="called common.moe.moe.moe_dense_reference"):
+        lab06.check_dispatch_combine(lambda x, w, i, ex: moe.moe_dense_reference(x, w, i, ex))
+    with pytest.raises(CheckFailed, match="called common.moe.eplb.balanced_packing"):
+        lab06.check_place_replicas(lambda load, r, g: (eplb.balanced_packing(load[None], g), place(load, r, g))[1])
+    with pytest.raises(CheckFailed, match="called common.moe.eplb.replicate_experts"):
+        lab06.check_place_replicas(lambda load, r, g: (eplb.replicate_experts(load[None], r), place(load, r, g))[1])
+    with pytest.raises(CheckFailed, match="called common.moe.moe.deepseek_v3_gate"):
+        lab06.check_dispatch_combine(lambda x, w, i, ex: (moe.deepseek_v3_gate(x @ x.T[:, :8], None, 2, 1, 1, 1.0),
+                                                          dispatch_combine(x, w, i, ex))[1])
+
+
+def test_the_grader_sees_the_same_library_watch(monkeypatch):
+    """Through the grader's wire (common.exercises.remote's loopback), a call into common.moe is refused the same way."""
+    from common.core import checks
+    from common.exercises import remote
+    monkeypatch.setattr(checks, "submission_hook", remote.loopback_hook)
+    with pytest.raises(CheckFailed, match="called common.moe.eplb.balanced_packing"):
+        lab06.check_place_replicas(lambda load, r, g: (eplb.balanced_packing(load[None], g), place(load, r, g))[1])
+    assert lab06.check_place_replicas(place).passed

@@ -1,6 +1,6 @@
-"""Labs 06-08 and 11-13: each checker's three most likely wrong answers, and the words that name each one (see
-test_wrong_answers.py). 13.1 is another change's; 7.3's and 7.5's named mistakes live in their lab test files (6.3's
-and 6.7's ten or more too, with three of them here)."""
+"""Labs 07-08 and 11-13: each checker's three most likely wrong answers, and the words that name each one (see
+test_wrong_answers.py). 13.1 is another change's; 7.3's and 7.5's named mistakes live in their lab test files. Lab 06's
+are in tests/wrong_answers/lab06.py."""
 import functools
 import math
 
@@ -8,9 +8,8 @@ import pytest
 import torch
 from learner import own_copy
 
-from common.exercises import eplb_place, lab06, lab07, lab08, lab11, lab12, lab13
+from common.exercises import lab07, lab08, lab11, lab12, lab13
 from common.moe import moe
-from test_exercises_lab06 import _from_gpus, dispatch_combine
 from test_wrong_answers import run_named
 
 def _durable(data, path, **wrong):
@@ -21,9 +20,6 @@ def _durable(data, path, **wrong):
 def _writer(name):
     import test_exercises_lab11
     return getattr(test_exercises_lab11, name)
-
-
-_gate = own_copy(moe.deepseek_v3_gate)  # a learner's gate: the same logic in their own code, to perturb
 
 
 def _guard(*args, **kwargs):
@@ -49,13 +45,6 @@ def _layer(cfg, tokens, kit, **mistake):
     return layer_model.reference(cfg, tokens, kit, **mistake)
 
 EXPERT = lambda h, f: 3 * h * f  # noqa: E731
-
-
-def _params(h, f, nr, ns, k, L, matrices=3, router=True, shared=True, layers=True):
-    per = matrices * h * f
-    gate = nr * h if router else 0
-    n = L if layers else 1
-    return (n * ((nr + (ns if shared else 0)) * per + gate), n * ((k + (ns if shared else 0)) * per + gate))
 
 
 def _ring(n, p, a, bw):
@@ -102,40 +91,6 @@ def _order(pp, m, s, warm=None, gpipe=False):
 
 
 WRONG = {
-    # ------------------------------------------------------------------------------------------- lab 06
-    lab06.check_moe_ffn_params: [
-        (lambda *a: _params(*a, matrices=2), "2 matrices per expert"),
-        (lambda *a: _params(*a, router=False), "router is missing"),
-        (lambda *a: _params(*a, layers=False), "one layer's count"),
-    ],
-    lab06.check_deepseek_gate: [
-        (lambda lg, b, k, ng, tg, s: _gate(lg, b, k, 1, 1, s), "ignored the group limit"),
-        (lambda lg, b, k, ng, tg, s: _gate(lg, None, k, ng, tg, s), "bias was not used to choose"),
-        (lambda lg, b, k, ng, tg, s: (lambda w, i: (w / s, i))(*_gate(lg, b, k, ng, tg, s)) if s != 1 else
-         (lambda w, i: (torch.sigmoid(lg).gather(1, i), i))(*_gate(lg, b, k, ng, tg, s)),
-         "route_scale|raw sigmoid scores"),
-    ],
-    lab06.check_update_bias: [
-        (lambda bias, load, g: bias - g * torch.sign(load.mean() - load), "sign is reversed"),
-        (lambda bias, load, g: bias + g * (load.mean() - load), "proportional to the imbalance"),
-        (lambda bias, load, g: bias + g * torch.where(load < load.mean(), 1.0, -1.0), "exactly the mean load"),
-    ],
-    lab06.check_dispatch_combine: [
-        (lambda x, w, i, ex: dispatch_combine(x, w, i, ex, "inverse_is_order"), "used `order` itself"),
-        (lambda x, w, i, ex: dispatch_combine(x, w, i, ex, "weights_twice"), "applied twice"),
-        (lambda x, w, i, ex: dispatch_combine(x, w, i, ex, "capacity"), "capacity"),
-    ],
-    lab06.check_place_replicas: [
-        (lambda load, r, g: _from_gpus(eplb_place.placement(load, r, g, "raw_load")), "raw load"),
-        (lambda load, r, g: _from_gpus(eplb_place.placement(load, r, g, "replica_carries_all")), "whole load"),
-        (lambda load, r, g: _from_gpus(eplb_place.placement(load, r, g, "lightest_first")), "lightest first"),
-    ],
-    lab06.check_expected_nodes: [
-        (lambda e, k, n: n * (1 - (1 - 1 / n) ** k), "with replacement"),
-        (lambda e, k, n: min(k, n), "most nodes a token can reach"),
-        (lambda e, k, n: n * (1 - math.comb(e - e // n, k) / math.comb(e, k)) if k > 1 else 1.0 + 1e-3,
-         "expected"),
-    ],
     # ------------------------------------------------------------------------------------------- lab 07
     lab07.check_allreduce_time: [
         (lambda alg, n, p, a, bw: _allreduce(alg, n, p, a, bw, "rs"), "reduce-scatter"),

@@ -123,6 +123,10 @@ def check_elements(q, x, s_full, elem, ignore=None):
     d = first_diff(q, ref_q)
     if d is not None:
         idx, n = d
+        if torch.equal(q.double(), lowp.round_to(x.double() / s_full, elem, saturate=True, rounding="truncate")):
+            fail(f"element {idx}: x / scale = {float(x[idx] / s_full[idx]):.9g} was truncated toward zero to "
+                 f"{float(q[idx]):.9g}: round to the NEAREST {elem.name} value, ties to even "
+                 f"({float(ref_q[idx]):.9g}); {n} of {q.numel()} elements differ")
         on_grid = bool((lowp.round_to(q[idx], elem) == q[idx]))
         fail(f"element {idx}: x / scale = {float(x[idx] / s_full[idx]):.9g} should round to {float(ref_q[idx]):.9g} "
              f"in {elem.name}, got {float(q[idx]):.9g}" + ("" if on_grid else f" (not a {elem.name} value at all)")

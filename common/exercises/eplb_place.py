@@ -71,16 +71,30 @@ MISTAKES = {
 }
 
 
+def _chunks(slots, sizes):
+    """slots cut into consecutive chunks of `sizes`, each sorted, the chunks sorted (a placement read GPU by GPU)."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(sorted(slots[start:start + n]))
+        start += n
+    return sorted(out)
+
+
 def check(place_replicas, cases, references=()) -> str:
     """place_replicas(load [E], num_replicas, num_gpus) -> phy2log [num_replicas]."""
     rng, gen = cases.rng, cases.gen
-    shapes = [(16, 24, 4), (32, 40, 8), (rng.choice([12, 24, 48]), None, rng.choice([2, 4, 6]))]
+    # (9, 12, 3): one heavy expert and eight light ones, where the slots per GPU bind (without the limit the light
+    # replicas pile onto two GPUs)
+    shapes = [(16, 24, 4), (9, 12, 3), (32, 40, 8), (rng.choice([12, 24, 48]), None, rng.choice([2, 4, 6]))]
     for e, r, g in shapes:
         if r is None:
             r = g * (e // g + rng.randint(1, 3))
         load = torch.exp(1.2 * torch.randn(e, generator=gen, dtype=torch.float64)) * 1000
+        if (e, r, g) == (9, 12, 3):
+            load = (torch.tensor([3000.0] + [20.0] * 8, dtype=torch.float64) * (1 + 0.01 * torch.rand(
+                9, generator=gen, dtype=torch.float64)))[torch.randperm(9, generator=gen)]
         what = f"place_replicas(load [{e}], num_replicas={r}, num_gpus={g})"
-        got = learner_call(place_replicas, (load.clone(), r, g), what, references)
+        got = learner_call(place_replicas, (load.clone(), r, g), what, references, library=True)
         try:
             got = torch.as_tensor(got).to(torch.int64).reshape(-1)
         except (TypeError, ValueError, RuntimeError) as exc:
@@ -100,15 +114,21 @@ def check(place_replicas, cases, references=()) -> str:
         theirs = eplb.max_over_mean(eplb.gpu_loads(load[None], ref_p2l, ref_cnt, g))
         if sorted(on_gpu) == sorted(ref_on_gpu) or mine <= theirs * (1 + 1e-9):
             continue
+        flat = [sorted(got[i::g].tolist()) for i in range(g)]
+        if sorted(flat) == sorted(ref_on_gpu):  # before the mistakes: read GPU by GPU in turn, it is EPLB's placement
+            fail(f"{what}: the slots are listed GPU by GPU in turn (slot p on GPU p % num_gpus): slot p lives on GPU "
+                 f"p // (num_replicas // num_gpus), so list GPU 0's {per_gpu} slots first, then GPU 1's, ...")
+        uneven = placement(load, r, g, "no_capacity")
+        if any(len(gpu) != per_gpu for gpu in uneven) and _chunks(got.tolist(), [len(gpu) for gpu in uneven]) == \
+                sorted(sorted(gpu) for gpu in uneven):
+            fail(f"{what}: a GPU took more than num_replicas // num_gpus = {per_gpu} replicas (GPU sizes "
+                 f"{[len(gpu) for gpu in uneven]}): every GPU has exactly {per_gpu} slots -- pack each replica into "
+                 f"the lightest GPU that still has a free slot")
         for mistake, message in MISTAKES.items():
             wrong = placement(load, r, g, mistake)
             if sorted(sorted(x) for x in wrong) == sorted(on_gpu):
                 fail(f"{what}: {message} (max/mean load {mine:.3f}, the lab's EPLB {theirs:.3f})")
-        flat = [sorted(got[i::g].tolist()) for i in range(g)]
-        if sorted(flat) == sorted(ref_on_gpu):
-            fail(f"{what}: the slots are listed GPU by GPU in turn (slot p on GPU p % num_gpus): slot p lives on GPU "
-                 f"p // (num_replicas // num_gpus), so list GPU 0's {per_gpu} slots first, then GPU 1's, ...")
         fail(f"{what}: max/mean GPU load {mine:.3f}, the lab's EPLB reaches {theirs:.3f} (GPU 0 holds experts "
              f"{on_gpu[0]}, EPLB puts {ref_on_gpu[0]} there)")
-    return (f"the same GPUs' loads as the lab's EPLB on {len(shapes)} layers of random loads (max/mean GPU load equal "
+    return (f"the same GPUs' loads as the lab's EPLB on {len(shapes)} layers of random loads, one where the slots per GPU bind (max/mean GPU load equal "
             f"to EPLB's or lower)")

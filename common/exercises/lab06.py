@@ -10,7 +10,7 @@ import torch
 from common.core.checks import checker, expect, expect_close, expect_equal, fail
 from common.exercises import eplb_place as _place
 from common.exercises import moe_dispatch as _dispatch
-from common.exercises.cases import digits, fresh_cases, learner_call, replayable
+from common.exercises.cases import as_number, digits, fresh_cases, learner_call, replayable
 from common.moe import eplb, moe
 
 # ---------------------------------------------------------------- 6.1
@@ -34,11 +34,13 @@ def check_moe_ffn_params(moe_ffn_params):
                            rng.randint(1, 96)))
         for h, f, nr, ns, k, L in cases_:
             args = f"moe_ffn_params({h}, {f}, {nr}, {ns}, {k}, {L})"
-            got = learner_call(moe_ffn_params, (h, f, nr, ns, k, L), args)
+            got = learner_call(moe_ffn_params, (h, f, nr, ns, k, L), args, library=True)
             expect(isinstance(got, (tuple, list)) and len(got) == 2,
                    f"{args}: return (total, active), a pair of ints; got {type(got).__name__} {got!r:.80}")
             total, active = got
             ref_total, ref_active = _ref_moe_ffn_params(h, f, nr, ns, k, L)
+            if (total, active) == (ref_active, ref_total) and ref_total != ref_active:
+                fail(f"{args}: total and active are swapped: return (total, active), total the larger")
             if total == ref_total - L * (nr + ns) * h * f:
                 fail(f"{args}: total {total} counts 2 matrices per expert; a SwiGLU expert has three "
                      f"(gate, up and down projections): 3 x hidden x intermediate")
@@ -56,6 +58,12 @@ def check_moe_ffn_params(moe_ffn_params):
                 fail(f"{args}: active equals total; a token only runs top_k={k} of the {nr} routed experts")
             if L > 1 and (total == ref_total // L or active == ref_active // L):
                 fail(f"{args}: that is one layer's count; multiply by moe_layers={L}")
+            if ns and total == ref_total - L * ns * 3 * h * f:
+                fail(f"{args}: total {total} leaves out the shared experts; they are parameters of every MoE layer "
+                     f"too: (n_routed + n_shared) experts per layer")
+            if L > 1 and (total == ref_total - (L - 1) * nr * h or active == ref_active - (L - 1) * nr * h):
+                fail(f"{args}: the router is counted once; every one of the {L} MoE layers has its own "
+                     f"n_routed x hidden gate")
             expect_equal(total, ref_total, f"{args} total")
             expect_equal(active, ref_active, f"{args} active")
     return f"right for {len(cases_)} configurations, DeepSeek-V3's and Mixtral's included"
@@ -84,7 +92,8 @@ def check_deepseek_gate(deepseek_gate):
                 f", bias around {shift}" if shift else "")
             call = f"deepseek_gate(logits [{t}, {e}], bias [{e}], {k}, {ng}, {tg}, {scale})"
             lg, bs = logits.clone(), bias.clone()
-            got = learner_call(deepseek_gate, (lg, bs, k, ng, tg, scale), call, references=(moe.deepseek_v3_gate,))
+            got = learner_call(deepseek_gate, (lg, bs, k, ng, tg, scale), call, references=(moe.deepseek_v3_gate,),
+                               library=True)
             expect(torch.equal(lg, logits) and torch.equal(bs, bias),
                    f"{call}: your gate modified its input `{'logits' if not torch.equal(lg, logits) else 'bias'}` "
                    f"in place (e.g. sigmoid_ or +=); the router's logits and bias are still needed by the caller")
@@ -110,7 +119,12 @@ def check_deepseek_gate(deepseek_gate):
                          "the bias was not used to choose: experts are picked by sigmoid(logits) + bias"),
                         (lambda: _group_by_max(logits, bias, k, ng, tg),
                          "groups are ranked by the sum of their top-2 scores, not by their single best score"),
-                        (lambda: _group_by_max(logits, bias, k, ng, tg, fill=0.0, top2=True),
+                        (lambda: _group_by_max(logits, bias, k, ng, tg, rank="sum"),
+                         "groups are ranked by the sum of their two best scores, not the sum of all their scores"),
+                        (lambda: _group_by_max(logits, bias, k, ng, tg, rank="top2", keep="smallest"),
+                         "you kept the topk_group groups with the SMALLEST scores: keep the largest (topk, not the "
+                         "bottom of a sort)"),
+                        (lambda: _group_by_max(logits, bias, k, ng, tg, fill=0.0, rank="top2"),
                          "the experts of the dropped groups were masked with 0, but biased scores can be negative "
                          "(sigmoid + a negative bias), so a 0 beats the kept experts: mask with -inf"),
                         (lambda: _softmax_choice(logits, bias, k, ng, tg),
@@ -142,13 +156,15 @@ def _softmax_choice(logits, bias, k, ng, tg):
     return moe.deepseek_v3_gate(torch.logit(torch.softmax(logits, -1)), bias, k, ng, tg, 1.0)[1]
 
 
-def _group_by_max(logits, bias, k, ng, tg, fill=float("-inf"), top2=False):
-    """Group-limited choice with groups ranked by their best score (or top-2 sum) and dropped groups set to `fill`."""
+def _group_by_max(logits, bias, k, ng, tg, fill=float("-inf"), rank="max", keep="largest"):
+    """Group-limited choice with groups ranked by their best score (or top-2 sum, or the sum of all), the
+    largest (or smallest) kept, and dropped groups set to `fill`."""
     choice = torch.sigmoid(logits) + bias
     t, e = choice.shape
     grouped = choice.view(t, ng, e // ng)
-    gscore = grouped.topk(min(2, e // ng), -1).values.sum(-1) if top2 else grouped.amax(-1)
-    keep = gscore.topk(tg, -1).indices
+    gscore = {"top2": lambda: grouped.topk(min(2, e // ng), -1).values.sum(-1), "sum": lambda: grouped.sum(-1),
+              "max": lambda: grouped.amax(-1)}[rank]()
+    keep = gscore.topk(tg, -1, largest=keep == "largest").indices
     mask = torch.zeros(t, ng, dtype=torch.bool).scatter_(1, keep, True).repeat_interleave(e // ng, 1)
     return choice.masked_fill(~mask, fill).topk(k, -1).indices
 
@@ -194,7 +210,7 @@ def check_update_bias(update_bias):
             expected = bias + gamma * sign
             args = f"E={e}, gamma={gamma:.4g}"
             got = learner_call(update_bias, (bias.clone(), load.clone(), gamma),
-                               f"update_bias(bias [{e}], load [{e}], {gamma:.4g})")
+                               f"update_bias(bias [{e}], load [{e}], {gamma:.4g})", library=True)
             expect(got is not None, "update_bias returned None -- return the new bias")
             try:
                 got = torch.as_tensor(got).to(torch.float64)
@@ -238,8 +254,10 @@ def check_expected_nodes(expected_nodes):
                   (n * m, rng.randint(1, n * m), n)]
         for e, k, n in cases_:
             call = f"expected_nodes({e}, {k}, {n})"
-            got = learner_call(expected_nodes, (e, k, n), call, references=(moe.expected_distinct_nodes,))
+            got = as_number(learner_call(expected_nodes, (e, k, n), call, references=(moe.expected_distinct_nodes,),
+                                         library=True), call, "a number of nodes (a float: the mean)")
             ref = moe.expected_distinct_nodes(e, k, n)
+            _name_nodes_mistake(call, got, ref, e, k, n)
             with_replacement = n * (1 - (1 - 1 / n) ** k)
             if abs(ref - with_replacement) > 1e-6 and _near(got, with_replacement):
                 fail(f"{call} = {float(got):.6g} treats the k picks as independent (with replacement); a token "
@@ -250,6 +268,26 @@ def check_expected_nodes(expected_nodes):
                      f"mean over random choices")
             expect_close(got, ref, call, rtol=1e-9)
     return f"right for {len(cases_)} cases (nodes x (1 - C(E - E/nodes, k) / C(E, k)))"
+
+
+def _name_nodes_mistake(call, got, ref, e, k, n):
+    """The look-alikes of nodes x (1 - C(E - E/nodes, k) / C(E, k))."""
+    per = e // n
+    none = math.comb(e - per, k) / math.comb(e, k)
+    for value, why in (
+            (1 - none, "is one node's chance of being reached; by symmetry the mean is nodes x that chance"),
+            (n * none, "counts the nodes a token does NOT reach (nodes x P(a node gets none)): take 1 - P"),
+            (n * (1 - math.comb(e - n, k) / math.comb(e, k)) if e >= n else None,
+             f"uses E - nodes; a node holds E / nodes = {per} experts, so P(a node gets none) = C(E - E/nodes, k) / "
+             f"C(E, k)"),
+            (n * (1 - math.comb(e - per, k - 1) / math.comb(e, k - 1)) if k > 1 else None,
+             "uses k - 1 picks: off by one -- a token picks all k experts"),
+            (math.floor(ref), "is truncated to a whole number of nodes" + (
+                " (or rounded: here both give it)" if math.floor(ref) == round(ref) else "") +
+             ": the mean is a fraction"),
+            (round(ref), "is rounded to a whole number of nodes: the mean is a fraction")):
+        if value is not None and abs(ref - value) > 1e-6 and _near(got, value):
+            fail(f"{call} = {float(got):.6g} {why} (expected {ref:.6g})")
 
 
 def _near(got, value) -> bool:
@@ -283,14 +321,28 @@ def _largest_remainders(load: list[float], r: int) -> list[list[int]]:
     return out
 
 
+def _counts_by(load, r, rule):
+    """Replica counts by a look-alike rule (a named mistake)."""
+    if rule == "sorted":
+        return sorted(_counts_by(load, r, "right"))
+    count = torch.ones(len(load), dtype=torch.float64)
+    for i in range(r - len(load)):
+        per = load.double() / (count + (1 if rule == "plus_one" else 0))
+        j = i % len(load) if rule == "in_order" else int(per.argmin() if rule == "smallest" else per.argmax())
+        count[j] += 1
+    return [int(c) for c in count.tolist()]
+
+
 @checker("6.6", "EPLB: how many replicas per expert")
 def check_replica_counts(replica_counts):
     """replica_counts(load [E], num_replicas) -> replicas per expert [E]: one each, then greedily to the expert
     with the largest load per replica."""
     with fresh_cases() as cases:
         rng, gen = cases.rng, cases.gen
-        cases_ = [(torch.tensor([10.0, 1, 4]), 6), (torch.tensor([90.0, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183,
-                                                                  86]), 16),
+        # the 12-expert case first: there the look-alike rules (heaviest, largest remainders, load / (count + 1))
+        # all give different counts, so the first failure names the rule
+        cases_ = [(torch.tensor([90.0, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86]), 16),
+                  (torch.tensor([10.0, 1, 4]), 6),
                   (torch.tensor([6.0, 6, 1, 3]), 5),  # a tie: either of the two experts of load 6 may get the spare
                   (torch.tensor([3.0, 18, 13]), 9)]  # largest remainders give [2, 4, 3]; the greedy rule [1, 5, 3]
         for _ in range(3):
@@ -298,7 +350,8 @@ def check_replica_counts(replica_counts):
             cases_.append(((torch.rand(e, generator=gen) ** 3 * 1000).round() + 1, e + rng.randint(0, 2 * e)))
         for load, r in cases_:
             args = f"replica_counts(load of {len(load)} experts, num_replicas={r})"
-            got = learner_call(replica_counts, (load.clone(), r), args, references=(eplb.replicate_experts,))
+            got = learner_call(replica_counts, (load.clone(), r), args, references=(eplb.replicate_experts,),
+                               library=True)
             expect(got is not None, "replica_counts returned None -- return the count per expert")
             try:
                 got = [int(v) for v in torch.as_tensor(got).reshape(-1).tolist()]
@@ -309,6 +362,9 @@ def check_replica_counts(replica_counts):
             ref = ref[0].tolist()
             expect(len(got) == len(ref), f"{args}: return one count per expert ({len(ref)}), got {len(got)}")
             expect(min(got) >= 1, f"{args}: every expert needs at least one replica; got a count of {min(got)}")
+            expect(sum(got) != r + len(ref), f"{args}: the counts add up to num_replicas + E = {sum(got)}: you handed "
+                                             f"out num_replicas spares after the first replica each; the spares are "
+                                             f"num_replicas - E = {r - len(ref)}")
             expect(sum(got) == r, f"{args}: the counts must add up to num_replicas={r}; they add up to {sum(got)}")
             heaviest = [1] * len(ref)
             heaviest[int(load.argmax())] += r - len(ref)
@@ -319,6 +375,15 @@ def check_replica_counts(replica_counts):
             if got == proportional and got != ref:
                 fail(f"{args}: counts proportional to the load (rounded) are not the greedy rule; give one spare at "
                      f"a time to the largest load per replica")
+            for rule, why in (("in_order", "the spares went to the experts in turn (0, 1, 2, ...), whatever their "
+                                           "load"),
+                              ("smallest", "each spare went to the SMALLEST load per replica: it goes to the largest"),
+                              ("plus_one", "each spare went to the largest load / (count + 1), the load per replica "
+                                           "after the spare: compare load / count, the load each replica carries now"),
+                              ("sorted", "the counts are in sorted order, not in expert order: count[i] belongs to "
+                                         "expert i")):
+                if got != ref and got == _counts_by(load, r, rule) and not _is_greedy_result(load.tolist(), got):
+                    fail(f"{args} = {got}, expected {ref}: {why}")
             if got != ref and got in _largest_remainders(load.tolist(), r):
                 fail(f"{args} = {got}: that is proportional shares with the leftovers to the largest remainders "
                      f"(Hamilton's method), not the greedy rule ({ref}): give one spare at a time to the expert with "

@@ -169,7 +169,7 @@ def check(layer, cases, references=()) -> str:
 
 def _call(layer, x, weights, indices, experts, what, references):
     copies = (x.detach().clone(), weights.detach().clone(), indices.clone())
-    got = learner_call(layer, (x, weights, indices, experts), what, references)
+    got = learner_call(layer, (x, weights, indices, experts), what, references, library=True)
     for name, before, after in (("x", copies[0], x), ("weights", copies[1], weights), ("indices", copies[2], indices)):
         expect(torch.equal(before, after.detach()), f"{what}: your layer modified its input `{name}` in place; work "
                                                     f"on copies (the caller still needs it)")
