@@ -4,6 +4,14 @@ Roofline plots live in `common.kernels.roofline`, pipeline timelines in `common.
 """
 from __future__ import annotations
 
+import threading
+import warnings
+
+# matplotlib, FreeType and mathtext's parser are not thread-safe, and a kernel may run two widget callbacks at once
+# when a learner moves controls quickly: one drawing at a time (seen without it: "FT_Load_Glyph ... invalid outline"
+# and mathtext ParseExceptions on valid tick labels such as $\mathdefault{10^{0}}$)
+DRAW_LOCK = threading.RLock()
+
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
 
@@ -49,10 +57,24 @@ def show(fig=None) -> None:
 
     In Jupyter the figure is rendered once, as a PNG, after tight_layout; the inline backend would render it a
     second time to crop it (bbox_inches="tight"), which doubles the time a widget takes to redraw."""
+    import matplotlib.pyplot as plt
+    with DRAW_LOCK:
+        fig = fig or plt.gcf()
+        try:
+            _render(fig)
+        except ValueError:  # a tick label's mathtext parse broken by a draw elsewhere: reset the parser, once more
+            _reset_mathtext()
+            _render(fig)
+        finally:
+            plt.close(fig)
+
+
+def _render(fig) -> None:
     import matplotlib
     import matplotlib.pyplot as plt
-    fig = fig or plt.gcf()
-    fig.tight_layout()
+    with warnings.catch_warnings():  # a layout that cannot fit every label is still drawn: no red text for it
+        warnings.filterwarnings("ignore", message="Tight layout not applied")
+        fig.tight_layout()
     if "inline" in matplotlib.get_backend():
         import io
 
@@ -62,7 +84,14 @@ def show(fig=None) -> None:
         display(Image(data=buf.getvalue(), format="png"))
     else:
         plt.show()
-    plt.close(fig)
+
+
+def _reset_mathtext() -> None:
+    import matplotlib.mathtext
+    import pyparsing
+    matplotlib.mathtext.MathTextParser._parser = None
+    matplotlib.mathtext.MathTextParser._parse_cached.cache_clear()
+    pyparsing.ParserElement.reset_cache()
 
 
 def subplots(nrows: int = 1, ncols: int = 2, figsize=None):

@@ -7,24 +7,11 @@ first option, else the middle of a slider's range) and says so, so the committed
 """
 from __future__ import annotations
 
-import functools
-import threading
 from typing import Callable
 
 from common.core.env import is_headless
+from common.core.plots import DRAW_LOCK
 
-# matplotlib and FreeType are not thread-safe, and a kernel may run two widget callbacks at once when a learner moves
-# controls quickly: one drawing at a time (seen without it: "FT_Load_Glyph ... invalid outline" and mathtext
-# ParseExceptions from two redraws sharing fonts)
-_draw_lock = threading.Lock()
-
-
-def _one_at_a_time(fn: Callable) -> Callable:
-    @functools.wraps(fn)  # keeps fn's signature, which ipywidgets reads to build the controls
-    def run(*args, **kwargs):
-        with _draw_lock:
-            return fn(*args, **kwargs)
-    return run
 
 
 def _default(spec):
@@ -80,7 +67,15 @@ def interactive_widget(fn: Callable, controls: dict, values: dict):
 
     Sliders update when released (continuous_update=False), so dragging redraws once, not at every pixel."""
     import ipywidgets
-    widget = ipywidgets.interactive(_one_at_a_time(fn), **controls)
+
+    class OneAtATime(ipywidgets.interactive):
+        def update(self, *args):
+            # the whole redraw under the lock: ipywidgets also draws every open figure (show_inline_matplotlib_plots)
+            # before and after fn, and unlocked it drew the figure another callback was building (plots.DRAW_LOCK)
+            with DRAW_LOCK:
+                super().update(*args)
+
+    widget = OneAtATime(fn, **controls)
     for child in widget.children:
         name = getattr(child, "description", None)
         if name is None or isinstance(child, ipywidgets.Output):
