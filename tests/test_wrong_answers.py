@@ -213,10 +213,21 @@ def test_wrong_answer_is_named(check, i, wrong, words):
     run_named(check, wrong, words)
 
 
+def takes_seed(check) -> bool:
+    """Whether some layer of the checker's decorators takes `seed=` (functools.wraps hides it from a plain
+    inspect.signature, which reads the innermost function)."""
+    import inspect
+    fn = check
+    while fn is not None:
+        if "seed" in inspect.signature(fn, follow_wrapped=False).parameters:
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
+
+
 def run_named(check, wrong, words, seeds=(1, 2, 3)):
     """The checker names `wrong` (its message matches `words`) on each of three random draws."""
-    import inspect
-    replay = "seed" in inspect.signature(check).parameters
+    replay = takes_seed(check)
     for seed in seeds:
         with pytest.raises(CheckFailed, match=words):
             check(wrong, seed=seed) if replay else check(wrong)
