@@ -206,6 +206,44 @@ def _right(Q, K, V, O, sm_scale, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.cons
              mask=offs_m[:, None] < N_CTX)
 
 
+@triton.jit
+def _right_exp(Q, K, V, O, sm_scale, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr):
+    # a right kernel written differently: tl.exp with sm_scale alone, pointers built per block, the output normalised
+    # as it is stored, and the causal bound from the tile's last row
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    q_ptrs = Q + bh * N_CTX * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
+    q = tl.load(q_ptrs, mask=rows[:, None] < N_CTX, other=0.0)
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    end = N_CTX
+    if CAUSAL:
+        end = tl.minimum(start_m * BLOCK_M + BLOCK_M, N_CTX)
+    for start_n in range(0, end, BLOCK_N):
+        keys = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(K + bh * N_CTX * HEAD_DIM + keys[None, :] * HEAD_DIM + dims[:, None], mask=keys[None, :] < N_CTX,
+                    other=0.0)
+        v = tl.load(V + bh * N_CTX * HEAD_DIM + keys[:, None] * HEAD_DIM + dims[None, :], mask=keys[:, None] < N_CTX,
+                    other=0.0)
+        s = tl.dot(q, k) * sm_scale
+        ok = keys[None, :] < N_CTX
+        if CAUSAL:
+            ok = ok & (keys[None, :] <= rows[:, None])
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    o_ptrs = O + bh * N_CTX * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
+    tl.store(o_ptrs, (acc / l_i[:, None]).to(O.dtype.element_ty), mask=rows[:, None] < N_CTX)
+
+
 def _launcher(kernel, mistake=None):
     def forward(q, k, v, causal=False):
         extra = {} if mistake is None else {"MISTAKE": mistake}
@@ -218,6 +256,11 @@ def test_flash_steps_right(step):
     assert STEP_CHECKS[step](_launcher(_right)).passed
     if step == "4.4":
         assert lab04.check_one_block(_launcher(_one, 0)).passed
+
+
+def test_full_kernel_written_differently_passes():
+    assert lab04.check_triton_forward(_launcher(_right_exp)).passed
+    assert lab04.check_ragged(_launcher(_right_exp)).passed
 
 
 @pytest.mark.parametrize("step", sorted(STEP_CHECKS))
