@@ -74,7 +74,7 @@ def _one(Q, K, V, O, sm_scale, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.conste
 # 10 max not subtracted, 11 no key mask, 12 scores of masked keys 0, 13 V unmasked, 14 key mask off by one, 15 Q load
 # unmasked, 16 store unmasked, 17 K load unmasked (scores masked), 20 CAUSAL ignored, 21 causal reversed, 22 diagonal
 # masked, 23 causal plus one, 24 causal mask in tile-local indices, 25 causal bound with BLOCK_N, 26 causal bound
-# before the diagonal block, 27 no mask inside the diagonal block.
+# before the diagonal block, 27 no mask inside the diagonal block, 28 blocks above the diagonal masked, not skipped.
 
 @triton.jit
 def _full(Q, K, V, O, sm_scale, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -99,7 +99,7 @@ def _full(Q, K, V, O, sm_scale, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.const
     hi = N_CTX
     if MISTAKE == 1:
         hi = tl.minimum(BLOCK_N, N_CTX)
-    if CAUSAL and MISTAKE != 20:
+    if CAUSAL and MISTAKE != 20 and MISTAKE != 28:
         if MISTAKE == 25:
             hi = tl.minimum((start_m + 1) * BLOCK_N, N_CTX)
         elif MISTAKE == 26:
@@ -298,7 +298,7 @@ CAUSAL_MISTAKES = [
     (23, "also sees key i \\+ 1"), (24, "inside the tiles"),
     (25, "stops at .start_m \\+ 1. \\* BLOCK_N"),
     (26, "stops before the diagonal block"), (27, "nothing is masked inside it"),
-    (11, "keys past N_CTX are used"), (9, "does not include log2.e."),
+    (11, "keys past N_CTX are used"), (9, "does not include log2.e."), (28, "skipped, not masked"),
 ]
 
 

@@ -267,7 +267,7 @@ def check_step(exercise: str, flash_forward, cases, references=()) -> str:
                      f"BLOCK_N={bn}, {str(dtype).replace('torch.', '')}" + (", large scores" if large else "")
                      + f" (seed {seed})")
             copies = [t.clone() for t in (q, k, v)]
-            with blocks(bm, bn), record_launches() as launches:
+            with blocks(bm, bn), record_launches() as launches, dots_counted() as dots:
                 try:
                     got = learner_call(flash_forward, (q, k, v, causal), f"your kernel for {where}", references,
                                        allowed=HANDED, library=True)
@@ -280,6 +280,7 @@ def check_step(exercise: str, flash_forward, cases, references=()) -> str:
                              "kernel: launch it with attention.launch_forward (torch's SDPA or a PyTorch loop is "
                              "not it)")
             _launched_right(launches, got, bm, bn, where)
+            skipped = _blocks_skipped(dots, b * h, n, bm, bn) if causal else True
             for name, t, c in zip("qkv", (q, k, v), copies):
                 expect(torch.equal(t.nan_to_num(), c.nan_to_num()), f"{where}: your kernel modified its input {name}")
             expect(got is not None and tuple(got.shape) == (b, h, n, d),
@@ -288,6 +289,11 @@ def check_step(exercise: str, flash_forward, cases, references=()) -> str:
             ref = reference_attention(q, k, v, causal)
             count += 1
             if rel_err(got, ref) < tol:
+                if not skipped:
+                    fail(f"{where}: the output is right, but the key loop ran over every key block, the ones "
+                         f"entirely above the diagonal too (masked to -inf, they add nothing; counted in the "
+                         f"interpreter's tl.dot calls): stop it at min((start_m + 1) * BLOCK_M, N_CTX) -- skipped, "
+                         f"not masked")
                 continue
             hole = never_written(got, ref, bm)
             if hole:
@@ -306,6 +312,39 @@ def check_step(exercise: str, flash_forward, cases, references=()) -> str:
 
 
 HANDED = ("common.kernels.attention.triton_forward.launch_forward",)  # what the exercise hands the learner
+
+
+@contextlib.contextmanager
+def dots_counted():
+    """Count the tl.dot calls of kernels run by Triton's interpreter inside the block (the yielded list holds one
+    entry per call); compiled kernels are not counted (the list stays empty)."""
+    from common.kernels.attention.launch_configs import _interpreted
+    calls: list = []
+    if not _interpreted():
+        yield calls
+        return
+    from triton.runtime.interpreter import InterpreterBuilder
+    real = InterpreterBuilder.create_dot
+
+    def create_dot(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+    InterpreterBuilder.create_dot = create_dot
+    try:
+        yield calls
+    finally:
+        InterpreterBuilder.create_dot = real
+
+
+def _blocks_skipped(dots, heads: int, n: int, bm: int, bn: int) -> bool:
+    """False when the interpreter's tl.dot count is a whole number of full key loops (every key block for every query
+    tile) and not of causal ones (key blocks up to the tile's diagonal): the blocks above it were masked, not
+    skipped."""
+    tiles = -(-n // bm)
+    full = heads * tiles * -(-n // bn)
+    causal = heads * sum(-(-min((t + 1) * bm, n) // bn) for t in range(tiles))
+    count = len(dots)
+    return not (count and full != causal and count % full == 0 and count % causal != 0)
 
 
 def _own_kernels_only(launches, where):
