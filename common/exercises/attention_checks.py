@@ -190,45 +190,29 @@ def _fused(name: str) -> str:
     return f"{name}, torch's fused attention kernel, computes {what}"
 
 
-class _OpSpy:
-    """Stands for a torch.ops.aten operator packet: a call (or a call of one of its overloads) is reported first."""
-
-    def __init__(self, packet, report):
-        self._packet, self._report = packet, report
-
-    def __call__(self, *args, **kwargs):
-        self._report(f"torch.ops.aten.{self._packet.__name__}")
-        return self._packet(*args, **kwargs)
-
-    def __getattr__(self, overload):
-        op = getattr(self._packet, overload)
-        if not callable(op):
-            return op
-
-        def call(*args, **kwargs):
-            self._report(f"torch.ops.aten.{self._packet.__name__}")
-            return op(*args, **kwargs)
-        return call
-
-
 @contextlib.contextmanager
 def fused_ops_spied(report):
-    """Replace every fused attention operator of torch.ops.aten by a spy that calls `report(name)` first."""
-    import torch
-    names = sorted({n.split("::")[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
-                    if n.startswith("aten::") and any(f in n for f in FUSED_ATTENTION)})
-    aten = torch.ops.aten
-    saved = {n: aten.__dict__.get(n) for n in names}
-    for n in names:
-        setattr(aten, n, _OpSpy(getattr(aten, n), report))
+    """While the block runs, a call of a fused attention operator through torch.ops.aten (the packet or one of its
+    overloads) calls `report("torch.ops.aten.<name>")` first."""
+    from torch._ops import OpOverload, OpOverloadPacket
+    saved = {cls: cls.__call__ for cls in (OpOverloadPacket, OpOverload)}
+
+    def spied(cls):
+        real = saved[cls]
+
+        def call(self, *args, **kwargs):
+            name = getattr(self, "_qualified_op_name", None) or getattr(self, "_name", "")
+            if name.startswith("aten::") and any(f in name for f in FUSED_ATTENTION):
+                report(f"torch.ops.aten.{name[6:].split('.')[0]}")
+            return real(self, *args, **kwargs)
+        return call
+    for cls in saved:
+        cls.__call__ = spied(cls)
     try:
         yield
     finally:
-        for n, packet in saved.items():
-            if packet is None:
-                delattr(aten, n)
-            else:
-                setattr(aten, n, packet)
+        for cls, real in saved.items():
+            cls.__call__ = real
 
 
 def causal_score_elements(n: int, block_m: int, block_n: int) -> int:
