@@ -187,15 +187,16 @@ FUSED_ATTENTION = ("scaled_dot_product", "flash_attention", "efficient_attention
 
 def _fused(name: str) -> str:
     what = "the gradients for you" if "backward" in name else "the whole attention"
-    return f"{name}, torch's fused attention kernel, computes {what}"
+    kind = "" if name.startswith("torch's") else ", torch's fused attention kernel,"
+    return f"{name}{kind} computes {what}"
 
 
 @contextlib.contextmanager
 def fused_ops_spied(report):
     """While the block runs, a call of a fused attention operator through torch.ops.aten (the packet or one of its
-    overloads) calls `report("torch.ops.aten.<name>")` first."""
-    from torch._ops import OpOverload, OpOverloadPacket
-    saved = {cls: cls.__call__ for cls in (OpOverloadPacket, OpOverload)}
+    overloads), or of flex_attention's operator, calls `report(what)` first."""
+    from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
+    saved = {cls: cls.__call__ for cls in (OpOverloadPacket, OpOverload, HigherOrderOperator)}
 
     def spied(cls):
         real = saved[cls]
@@ -204,6 +205,8 @@ def fused_ops_spied(report):
             name = getattr(self, "_qualified_op_name", None) or getattr(self, "_name", "")
             if name.startswith("aten::") and any(f in name for f in FUSED_ATTENTION):
                 report(f"torch.ops.aten.{name[6:].split('.')[0]}")
+            elif cls is HigherOrderOperator and "attention" in name:  # flex_attention and its backward
+                report(f"torch's {name} (torch.nn.attention.flex_attention)")
             return real(self, *args, **kwargs)
         return call
     for cls in saved:

@@ -63,6 +63,23 @@ def _aten_flash(q, k, v, bm, bn, causal=False):
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=causal)[0]
 
 
+def _flex(q, k, v, bm, bn, causal=False):
+    from torch.nn.attention.flex_attention import flex_attention
+    causal_mod = lambda s, b, h, i, j: torch.where(i >= j, s, -float("inf"))  # noqa: E731
+    return flex_attention(q, k, v, score_mod=causal_mod if causal else None)
+
+
+def _multi_head(q, k, v, bm, bn, causal=False):  # torch's multi-head attention with identity projections, per head
+    b, h, n, d = q.shape
+    eye = torch.eye(d)
+    mask = torch.ones(n, n, dtype=torch.bool).triu(1) if causal else None
+    heads = [F.multi_head_attention_forward(
+        q[:, i].transpose(0, 1), k[:, i].transpose(0, 1), v[:, i].transpose(0, 1), d, 1, None, None, None, None,
+        False, 0.0, eye, None, training=False, need_weights=False, attn_mask=mask, use_separate_proj_weight=True,
+        q_proj_weight=eye, k_proj_weight=eye, v_proj_weight=eye)[0].transpose(0, 1) for i in range(h)]
+    return torch.stack(heads, 1)
+
+
 def _full_matrix(q, k, v, bm, bn, causal=False):
     s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
     if causal:
@@ -195,6 +212,8 @@ WRONG = {
         (_full_matrix, "N x N matrix was formed"),
         (_sdpa, "scaled_dot_product_attention .SDPA. computes the whole attention"),
         (_aten_flash, "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, torch's fused attention"),
+        (_flex, "torch's flex_attention .torch.nn.attention.flex_attention. computes the whole attention"),
+        (_multi_head, "multi_head_attention_forward .SDPA inside. computes the whole attention"),
         (lambda q, k, v, bm, bn, causal=False: attention.naive_attention(q, k, v, causal),
          "called common.kernels.attention.reference.naive_attention, the workbook's own code"),
         (lambda q, k, v, bm, bn, causal=False: attention.flash_attention(q, k, v, causal),
