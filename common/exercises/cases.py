@@ -263,8 +263,8 @@ def watched(references, allowed=(), library: bool = True):
 @contextlib.contextmanager
 def record_launches():
     """Record (in the yielded list) every Triton launch `kernel[grid](...)` made inside the block: its grid (None
-    when the grid is a function), the kernel, and its int / bool keyword arguments (the constexprs such as
-    BLOCK_SIZE)."""
+    when the grid is a function), the kernel, its positional arguments, and its int / bool keyword arguments (the
+    constexprs such as BLOCK_SIZE)."""
     from triton.runtime.jit import KernelInterface  # the base of compiled and interpreted kernels: kernel[grid]
     launches: list[dict] = []
     original = KernelInterface.__dict__["__getitem__"]
@@ -273,7 +273,7 @@ def record_launches():
         launch = original(kernel, grid)
 
         def run(*args, **kwargs):
-            launches.append({"grid": None if callable(grid) else tuple(grid), "kernel": kernel,
+            launches.append({"grid": None if callable(grid) else tuple(grid), "kernel": kernel, "args": args,
                              "constants": {k: v for k, v in kwargs.items() if isinstance(v, (int, bool))}})
             return launch(*args, **kwargs)
         return run

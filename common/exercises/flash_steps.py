@@ -13,9 +13,9 @@ import contextlib
 import math
 from dataclasses import dataclass
 
-from common.core.checks import expect, fail
+from common.core.checks import CheckFailed, expect, fail
 from common.exercises.attention_checks import TOL, random_inputs, rel_err
-from common.exercises.cases import learner_call, record_launches, unmasked_accesses
+from common.exercises.cases import COMMON, learner_call, record_launches, unmasked_accesses
 
 LOG2E = 1.4426950408889634
 
@@ -267,12 +267,20 @@ def check_step(exercise: str, flash_forward, cases, references=()) -> str:
                      f"BLOCK_N={bn}, {str(dtype).replace('torch.', '')}" + (", large scores" if large else "")
                      + f" (seed {seed})")
             copies = [t.clone() for t in (q, k, v)]
-            with blocks(bm, bn), record_launches() as launches:
-                got = learner_call(flash_forward, (q, k, v, causal), f"your kernel for {where}", references)
+            with blocks(bm, bn), record_launches() as launches, dots_counted() as dots:
+                try:
+                    got = learner_call(flash_forward, (q, k, v, causal), f"your kernel for {where}", references,
+                                       allowed=HANDED, library=True)
+                except CheckFailed as exc:
+                    if "the reference this exercise" not in str(exc):  # a workbook kernel run by the interpreter
+                        _own_kernels_only(launches, where)  # is seen as a call from Triton: name the kernel
+                    raise
             launched.extend(launches)
             expect(launches, "the values may be right, but no Triton kernel was launched -- the exercise is the "
                              "kernel: launch it with attention.launch_forward (torch's SDPA or a PyTorch loop is "
                              "not it)")
+            _launched_right(launches, got, bm, bn, where)
+            skipped = _blocks_skipped(dots, b * h, n, bm, bn) if causal else True
             for name, t, c in zip("qkv", (q, k, v), copies):
                 expect(torch.equal(t.nan_to_num(), c.nan_to_num()), f"{where}: your kernel modified its input {name}")
             expect(got is not None and tuple(got.shape) == (b, h, n, d),
@@ -281,6 +289,11 @@ def check_step(exercise: str, flash_forward, cases, references=()) -> str:
             ref = reference_attention(q, k, v, causal)
             count += 1
             if rel_err(got, ref) < tol:
+                if not skipped:
+                    fail(f"{where}: the output is right, but the key loop ran over every key block, the ones "
+                         f"entirely above the diagonal too (masked to -inf, they add nothing; counted in the "
+                         f"interpreter's tl.dot calls): stop it at min((start_m + 1) * BLOCK_M, N_CTX) -- skipped, "
+                         f"not masked")
                 continue
             hole = never_written(got, ref, bm)
             if hole:
@@ -296,6 +309,71 @@ def check_step(exercise: str, flash_forward, cases, references=()) -> str:
                      f"tensor's memory or faults -- pass mask= (and other=0.0 to loads) to every one")
     names = "/".join(str(d).replace("torch.", "") for d in dtypes)
     return f"{step.title}: matches SDPA ({names}) in {count} cases"
+
+
+HANDED = ("common.kernels.attention.triton_forward.launch_forward",)  # what the exercise hands the learner
+
+
+@contextlib.contextmanager
+def dots_counted():
+    """Count the tl.dot calls of kernels run by Triton's interpreter inside the block (the yielded list holds one
+    entry per call); compiled kernels are not counted (the list stays empty)."""
+    from common.kernels.attention.launch_configs import _interpreted
+    calls: list = []
+    if not _interpreted():
+        yield calls
+        return
+    from triton.runtime.interpreter import InterpreterBuilder
+    real = InterpreterBuilder.create_dot
+
+    def create_dot(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+    InterpreterBuilder.create_dot = create_dot
+    try:
+        yield calls
+    finally:
+        InterpreterBuilder.create_dot = real
+
+
+def _blocks_skipped(dots, heads: int, n: int, bm: int, bn: int) -> bool:
+    """False when the interpreter's tl.dot count is a whole number of full key loops (every key block for every query
+    tile) and not of causal ones (key blocks up to the tile's diagonal): the blocks above it were masked, not
+    skipped."""
+    tiles = -(-n // bm)
+    full = heads * tiles * -(-n // bn)
+    causal = heads * sum(-(-min((t + 1) * bm, n) // bn) for t in range(tiles))
+    count = len(dots)
+    return not (count and full != causal and count % full == 0 and count % causal != 0)
+
+
+def _own_kernels_only(launches, where):
+    for launch in launches:
+        fn = getattr(launch["kernel"], "fn", launch["kernel"])
+        while hasattr(fn, "fn"):
+            fn = fn.fn
+        code = getattr(fn, "__code__", None)
+        if code is not None and code.co_filename.startswith(COMMON):
+            fail(f"{where}: the kernel launched is {fn.__name__} from {code.co_filename[len(COMMON) - 7:]}, the "
+                 f"workbook's own kernel, which does this exercise for you -- launch the kernel you wrote")
+
+
+def _launched_right(launches, got, bm, bn, where):
+    """The learner's own kernel ran, with the checker's blocks, and what came back is the O it wrote."""
+    import torch
+    _own_kernels_only(launches, where)
+    for launch in launches:
+        constants = launch["constants"]
+        if (constants.get("BLOCK_M"), constants.get("BLOCK_N")) not in ((bm, bn), (None, None)):
+            fail(f"{where}: your kernel was launched with BLOCK_M={constants.get('BLOCK_M')}, "
+                 f"BLOCK_N={constants.get('BLOCK_N')}, not the checker's BLOCK_M={bm}, BLOCK_N={bn} -- call "
+                 f"attention.launch_forward(kernel, q, k, v, causal=causal) without block sizes")
+    outs = [a[3] for a in (launch["args"] for launch in launches) if len(a) > 3 and isinstance(a[3], torch.Tensor)]
+    if isinstance(got, torch.Tensor) and outs and not any(
+            got.data_ptr() == o.data_ptr() or (got.shape == o.shape and torch.equal(
+                got.detach().nan_to_num(), o.detach().to(got.dtype).nan_to_num())) for o in outs):
+        fail(f"{where}: what came back is not the O your kernel wrote -- the output was computed outside the kernel "
+             f"(torch's SDPA or a PyTorch loop after the launch): return the tensor attention.launch_forward returns")
 
 
 def _diagnose(step, got, q, k, v, causal, bm, bn, tol, large, where):

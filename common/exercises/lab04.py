@@ -8,7 +8,7 @@ one, a sequence length that is not a multiple of the block) and names the one th
 from __future__ import annotations
 
 from common.core.checks import checker, expect, expect_equal, fail
-from common.exercises.attention_checks import TOL, check_attention, full_matrix_guard, rel_err
+from common.exercises.attention_checks import TOL, check_attention, full_matrix_guard, rel_err, unskipped
 from common.exercises.cases import Streamed, learner_call, replayable
 from common.exercises.flash_steps import check_step
 
@@ -16,6 +16,31 @@ from common.exercises.flash_steps import check_step
 
 # ----------------------------------------------------------------------------------------------------------------------
 # 4.1 standard attention's HBM bytes
+
+def _bytes_mistakes(n, d, b):
+    """(what a named mistake returns, the verdict) for standard attention's HBM bytes, most specific first."""
+    right = b * (4 * n * d + 4 * n * n)
+    return [
+        (b * (4 * n * d + 2 * n * n), "you counted the N x N matrices S and P once each; each is written to HBM and "
+                                      "read back (S: write + read, P: write + read = 4 N^2 elements)"),
+        (4 * n * d + 4 * n * n, f"that is a count of elements; multiply by elem_bytes={b}"),
+        (b * 4 * n * n, "you left out Q, K, V read and O written (4 N d elements)"),
+        (b * 4 * n * d, "that is FlashAttention's traffic (Q, K, V read, O written); standard attention also writes "
+                        "the N x N scores S and probabilities P to HBM and reads them back (4 N^2 elements)"),
+        (b * (3 * n * d + 4 * n * n), "one of Q, K, V, O is missing -- read three inputs and write one output (4 N d)"),
+        (8 * right, "that is in bits: elem_bytes is already bytes per element, do not multiply by 8"),
+        (b * (8 * n * d + 4 * n * n), "Q, K, V and O counted twice (read and written): the inputs are only read and O "
+                                      "only written (4 N d elements)"),
+        (b * 4 * n * d + 4 * 4 * n * n, "S and P counted in 4-byte floats: they are stored in the inputs' dtype, "
+                                        "elem_bytes per element like Q, K, V and O"),
+        (4 * n * d + b * 4 * n * n, f"elem_bytes={b} multiplies S and P but not Q, K, V and O: every matrix moves "
+                                    f"elem_bytes per element"),
+        (b * (4 * n * d + 4 * d * d), "the intermediates counted as d x d: S = Q K^T is N x N (N = seq_len)"),
+        (4 * n * n * d, "that is the FLOP count of the two matmuls (2 N^2 d each), not bytes"),
+        (b * (4 * n * d + 6 * n * n), "S or P counted three times: each N x N matrix is written once and read once"),
+    ] + [(right / unit, f"that is in {name}: return bytes") for unit, name in
+         ((1024, "KiB"), (2**20, "MiB"), (1e6, "MB"), (1e9, "GB"))]
+
 
 @checker("4.1", "HBM bytes of standard attention")
 @replayable
@@ -30,20 +55,11 @@ def check_standard_attention_bytes(standard_bytes, cases):
         expected = attention.standard_io_bytes(n, d, b)
         where = f"standard_bytes(seq_len={n}, head_dim={d}, elem_bytes={b}) (seed {seed})"
         got = learner_call(standard_bytes, (n, d, b), where, (attention.standard_io_bytes,
-                                                              attention.count_standard_bytes))
+                                                              attention.count_standard_bytes), library=True)
         expect(got is not None, f"{where} returned None -- return the number of bytes")
-        if got == b * (4 * n * d + 2 * n * n):
-            fail(f"{where} = {got}: you counted the N x N matrices S and P once each; each is written to HBM and "
-                 f"read back (S: write + read, P: write + read = 4 N^2 elements)")
-        if got == 4 * n * d + 4 * n * n and b != 1:
-            fail(f"{where} = {got}: that is a count of elements; multiply by elem_bytes={b}")
-        if got == b * 4 * n * n:
-            fail(f"{where} = {got}: you left out Q, K, V read and O written (4 N d elements)")
-        if got == b * 4 * n * d:
-            fail(f"{where} = {got}: that is FlashAttention's traffic (Q, K, V read, O written); standard attention "
-                 f"also writes the N x N scores S and probabilities P to HBM and reads them back (4 N^2 elements)")
-        if got == b * (3 * n * d + 4 * n * n):
-            fail(f"{where} = {got}: one of Q, K, V, O is missing -- read three inputs and write one output (4 N d)")
+        for wrong, why in _bytes_mistakes(n, d, b):
+            if got == wrong and got != expected:
+                fail(f"{where} = {got}: {why}")
         expect_equal(got, expected, where)
     return f"right for {len(cases_)} sizes: elem_bytes * (4 N d + 4 N^2)"
 
@@ -56,14 +72,31 @@ def _blocks(x, block):
         yield x[:, j:j + block]
 
 
-def _no_rescale_sum(x64, block):
+def _sum_variant(x64, block, how):
+    """l as a one-pass loop with one named mistake computes it: "no_rescale", "inverted" (exp(m_new - m)) or
+    "overwritten" (each block's sum replaces l)."""
     import torch
     m = l = None
     for j in range(0, x64.shape[1], block):
         blk = x64[:, j:j + block]
-        m = blk.amax(-1) if m is None else torch.maximum(m, blk.amax(-1))
-        l = torch.exp(blk - m[:, None]).sum(-1) if l is None else l + torch.exp(blk - m[:, None]).sum(-1)
+        m_new = blk.amax(-1) if m is None else torch.maximum(m, blk.amax(-1))
+        terms = torch.exp(blk - m_new[:, None]).sum(-1)
+        if l is None or how == "overwritten":
+            l = terms
+        else:
+            l = l * {"no_rescale": 1.0, "inverted": torch.exp(m_new - m)}.get(how, torch.exp(m - m_new)) + terms
+        m = m_new
     return l
+
+
+_SUM_MISTAKES = {
+    "no_rescale": "the sum is too large: when a block raises the max from m to m_new, the sum so far must be rescaled "
+                  "by exp(m - m_new) before the new terms are added",
+    "inverted": "the rescale factor is inverted: exp(m_new - m) grows the old sum when the max rises -- multiply by "
+                "exp(m - m_new), at most 1",
+    "overwritten": "l holds only the last block's terms: each block's sum replaced l -- add it to the rescaled sum "
+                   "so far, l = l * exp(m - m_new) + sum exp(x - m_new)",
+}
 
 
 @checker("4.2", "online softmax")
@@ -93,13 +126,19 @@ def check_online_softmax(online_softmax_stats, cases):
                  + (", the max in the first block" if ascending == "descending" else "") + f" (seed {seed})")
         out = learner_call(online_softmax_stats, (Streamed(_blocks(x32, block)),),
                            f"online_softmax_stats(blocks) for {where}",
-                           (attention.online_softmax_stats, attention.online_softmax))
+                           (attention.online_softmax_stats, attention.online_softmax), library=True)
         expect(isinstance(out, (tuple, list)) and len(out) == 2,
                f"return a pair (m, l) -- the running max and the sum; got {type(out).__name__}")
+        low = [t.dtype for t in out if isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16)]
+        if low:
+            fail(f"for {where} the statistics came back in {str(low[0]).replace('torch.', '')}: work in float32 -- "
+                 f"a 16-bit sum of exponentials loses the digits the check needs")
         m, l = (torch.as_tensor(t).double() for t in out)
         expect(m.shape == m_ref.shape and l.shape == l_ref.shape,
                f"m and l need one value per row, shape {tuple(m_ref.shape)}; got {tuple(m.shape)} and "
                f"{tuple(l.shape)}")
+        if torch.allclose(m, l_ref, rtol=1e-4) and torch.allclose(l, m_ref, rtol=1e-6):
+            fail(f"for {where} the pair came back as (l, m): return (m, l) -- the max first, then the sum")
         if n > block and not (torch.allclose(m, m_ref, rtol=1e-6) and torch.allclose(l, l_ref, rtol=1e-4)):
             kept = torch.cat(list(Streamed(_blocks(x32, block))), dim=1).double()  # what keeping the blocks sees
             m_kept = kept.amax(-1)
@@ -111,6 +150,10 @@ def check_online_softmax(online_softmax_stats, cases):
         if ascending == "descending" and not torch.allclose(m, m_ref, rtol=1e-6):
             fail(f"for {where} m is not the row max: keep the running max, m = max(m, block max) -- a later block "
                  f"with smaller values must not replace it")
+        if n > block and ascending is True and torch.allclose(m, x64[:, :block].amax(-1), rtol=1e-6) \
+                and not torch.allclose(m, m_ref, rtol=1e-6):
+            fail(f"for {where} m is the first block's max: update the running max with every block, "
+                 f"m = max(m, block max)")
         expect_close(m, m_ref, f"running max m ({where})", rtol=1e-6)
         if not torch.isfinite(l).all():
             fail(f"the sum l is inf/NaN for {where}: exp overflowed -- subtract the running max before exp "
@@ -118,10 +161,15 @@ def check_online_softmax(online_softmax_stats, cases):
         if torch.allclose(l, torch.exp(x64).sum(-1), rtol=1e-4) and not torch.allclose(l, l_ref, rtol=1e-4):
             fail(f"for {where} l equals sum(exp(x)): the max is not subtracted -- keep l = sum exp(x - m) so that "
                  f"large scores do not overflow")
-        if n > block and torch.allclose(l, _no_rescale_sum(x64, block), rtol=1e-4) \
-                and not torch.allclose(l, l_ref, rtol=1e-4):
-            fail(f"for {where} the sum is too large: when a block raises the max from m to m_new, the sum so far "
-                 f"must be rescaled by exp(m - m_new) before the new terms are added")
+        for look_alike, why in ((torch.log(l_ref), "log(l)"), (m_ref + torch.log(l_ref), "m + log(l)")):
+            if torch.allclose(l, look_alike, rtol=1e-4, atol=1e-6):
+                fail(f"for {where} l is {why}, the logsumexp: return the sum l = sum exp(x - m) itself")
+        if torch.allclose(l, l_ref / n, rtol=1e-4):
+            fail(f"for {where} l is the mean of exp(x - m): return the sum, not the sum divided by the columns")
+        for how, why in _SUM_MISTAKES.items():
+            if n > block and torch.allclose(l, _sum_variant(x64, block, how), rtol=1e-4) \
+                    and not torch.allclose(l, l_ref, rtol=1e-4):
+                fail(f"for {where} {why}")
         expect_close(l, l_ref, f"the sum l = sum exp(x - m) ({where})", rtol=1e-4)
     return f"running max and rescaled sum right for {len(cases_)} matrices, including growing maxima and exp overflow"
 
@@ -208,7 +256,9 @@ def _bwd_variant(q, k, v, do, causal, scale, bm, bn, mistake=None):
         elif mistake == "tile_mask":  # blocks above the diagonal skipped, but no mask inside the diagonal blocks
             keep = (j // bn) * bn <= (i // bm) * bm + bm - 1
     lse = torch.logsumexp(s.masked_fill(~(j <= i) if causal else torch.zeros_like(keep), float("-inf")), -1)
-    if mistake == "block_max":  # P = exp(S - the max of its key block) instead of exp(S - L)
+    if mistake == "no_lse":
+        p = torch.exp(s)
+    elif mistake == "block_max":  # P = exp(S - the max of its key block) instead of exp(S - L)
         m = torch.cat([s[..., c:c + bn].masked_fill(~keep[:, c:c + bn], float("-inf")).amax(-1, keepdim=True)
                        .expand(*s.shape[:-1], min(bn, n_k - c)) for c in range(0, n_k, bn)], -1)
         p = torch.exp(s - m.nan_to_num(neginf=0.0))
@@ -218,10 +268,10 @@ def _bwd_variant(q, k, v, do, causal, scale, bm, bn, mistake=None):
     o = torch.softmax(s.masked_fill(~(j <= i) if causal else torch.zeros_like(keep), float("-inf")), -1) @ v
     dv = p.transpose(-2, -1) @ do
     dp = do @ v.transpose(-2, -1)
-    delta = (do * o).sum(-1, keepdim=True)
+    delta = do.sum(-1, keepdim=True) if mistake == "delta_do" else (do * o).sum(-1, keepdim=True)
     ds = p * dp if mistake == "no_delta" else p * (dp - delta)
-    sc = 1.0 if mistake == "no_scale" else scale
-    return ds @ k * sc, ds.transpose(-2, -1) @ q * sc, dv
+    sc = {"no_scale": 1.0, "scale_twice": scale * scale}.get(mistake, scale)
+    return ds @ k * sc, ds.transpose(-2, -1) @ q * (1.0 if mistake == "dk_no_scale" else sc), dv
 
 
 _BWD_MISTAKES = {
@@ -232,6 +282,10 @@ _BWD_MISTAKES = {
     "tile_mask": "on the diagonal blocks the causal mask is missing: skipping the blocks above the diagonal is not "
                  "enough, mask key j > query i inside the blocks that cross it",
     "no_scale": "dQ and dK lack the softmax scale: S = Q K^T * scale, so dQ = dS K * scale and dK = dS^T Q * scale",
+    "scale_twice": "dQ and dK carry the softmax scale twice (scale^2): S = Q K^T * scale, so dQ = dS K * scale once",
+    "dk_no_scale": "dK lacks the softmax scale (dQ has it): dK = dS^T Q * scale",
+    "no_lse": "P = exp(S) was recomputed without subtracting L: P = exp(S - L), L the forward's logsumexp per row",
+    "delta_do": "D = rowsum(dO), not rowsum(dO * O): D_i = sum_c dO_ic O_ic",
 }
 
 
@@ -267,11 +321,12 @@ def check_tiled_backward(tiled_backward, cases):
         o, lse = o64.detach().float(), torch.logsumexp(s, -1).float()
         inputs = (q, k, v, o, lse, do)
         copies = [t.clone() for t in inputs]
-        guard = full_matrix_guard(n, n, max(bm, bn), blocks_of={"q": q, "k": k})
+        guard = full_matrix_guard(n, n, max(bm, bn), record_tiles=d, blocks_of={"q": q, "k": k})
         with guard:
             out = learner_call(tiled_backward, (q, k, v, o, lse, do, bm, bn, causal), f"tiled_backward for {where}",
                                (attention.tiled_attention_backward, attention.flash_attention_backward,
-                                attention.tiled_attention, attention.flash_attention, attention.reference_attention))
+                                attention.tiled_attention, attention.flash_attention, attention.reference_attention),
+                               library=True)
         if guard.shortcut:
             fail(f"{where}: {guard.shortcut} -- the exercise is the backward pass by hand: recompute each tile's P "
                  f"from Q, K and lse, then dV += P^T dO, dS = P * (dO V^T - D), dQ += dS K, dK += dS^T Q")
@@ -296,6 +351,10 @@ def check_tiled_backward(tiled_backward, cases):
                                                      f"{tuple(g.shape)}")
         errs = [rel_err(g, r) for g, r in zip(got, refs)]
         if max(errs) < tol:
+            if causal and unskipped(guard, b, h, n, bm, bn):
+                fail(f"{where}: the gradients are right, but every (key block, query block) tile was computed, the "
+                     f"ones entirely above the diagonal too (P is 0 there): skip the query blocks that end before "
+                     f"the key block starts -- start the query loop at (j // block_m) * block_m")
             continue
         for mistake, message in _BWD_MISTAKES.items():
             if mistake in ("diagonal", "tile_mask") and not causal:
