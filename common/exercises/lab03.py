@@ -7,6 +7,8 @@ process (the interpreter does not bounds-check) nor corrupts memory, and the che
 """
 from __future__ import annotations
 
+import contextlib
+
 from common.core.checks import checker, expect, expect_close, expect_equal, fail
 from common.exercises.cases import learner_call, record_launches, replayable, unmasked_accesses
 
@@ -19,12 +21,41 @@ def _launch(fn, args: tuple, call: str, references: tuple = (), **kwargs):
     an overflow better); any call into the workbook's library is refused but what the notebook hands the learner."""
     import functools
     import warnings
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _torch_math() as math_ops:
         warnings.simplefilter("ignore", RuntimeWarning)
-        return learner_call(functools.partial(fn, **kwargs), args, call, references, library=True, allowed=ALLOWED)
+        result = learner_call(functools.partial(fn, **kwargs), args, call, references, library=True, allowed=ALLOWED)
+    return result, math_ops
 
 
 ALLOWED = ("common.kernels.fusion.softmax_num_warps",)  # the solution of 3.2 sizes its warps with it
+# torch arithmetic a launcher has no use for: the exercise computes it inside the kernel (the interpreter itself only
+# reads pointers, sizes and strides)
+MATH = {"softmax", "log_softmax", "exp", "exp_", "add", "add_", "__add__", "__radd__", "__iadd__", "sub", "sub_",
+        "__sub__", "mul", "mul_", "__mul__", "__rmul__", "div", "div_", "__truediv__", "rsqrt", "sqrt", "pow",
+        "__pow__", "mean", "sum", "rms_norm", "layer_norm", "amax", "max", "logsumexp", "norm", "square"}
+
+
+@contextlib.contextmanager
+def _torch_math():
+    """Record (in the yielded list) the torch arithmetic (MATH) called while the block runs."""
+    from torch.overrides import TorchFunctionMode
+    called: list[str] = []
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            if name in MATH and name not in called:
+                called.append(name)
+            return func(*args, **(kwargs or {}))
+    with Watch():
+        yield called
+
+
+def _math_beside(launches: list, math_ops: list, where: str, what: str) -> None:
+    """Refuse a result computed in PyTorch beside a launched kernel (a kernel launched for show, or a fusion undone)."""
+    if launches and math_ops:
+        fail(f"{where}: your launcher computed with torch ({', '.join(math_ops)}) beside the kernel it launched: the "
+             f"exercise is the kernel -- do {what} inside it, in one launch, and use torch only to size the grid")
 
 
 def _own_kernels(launches: list, where: str) -> None:
@@ -98,9 +129,10 @@ def check_vector_add(vector_add, cases):
         out, out_buf = _guarded_out((n,), device)
         where = f"vector_add with n={n}, block_size={block} (seed {seed})"
         with record_launches() as launches:
-            ret = _launch(vector_add, (x, y, out), where, (fusion.vector_add,), block_size=block)
+            ret, math_ops = _launch(vector_add, (x, y, out), where, (fusion.vector_add,), block_size=block)
         got = out if ret is None else ret
         _own_kernels(launches, where)
+        _math_beside(launches, math_ops, where, "the add")
         sizes = {lc["constants"].get("BLOCK_SIZE") for lc in launches} - {None}
         if sizes and sizes != {block}:
             fail(f"{where}: the kernel was launched with BLOCK_SIZE={sorted(sizes)[0]}, not the block_size={block} "
@@ -225,9 +257,10 @@ def check_softmax(softmax, cases):
                                                           if offset else "") + (" (a strided view)" if strided else "")
                  + f" (seed {seed})")
         with record_launches() as launches:
-            ret = _launch(softmax, (x, out), where, (fusion.softmax,))
+            ret, math_ops = _launch(softmax, (x, out), where, (fusion.softmax,))
         got = out if ret is None else ret
         _own_kernels(launches, where)
+        _math_beside(launches, math_ops, where, "the max, the exp, the sum and the division")
         grids = [lc["grid"] for lc in launches if lc["grid"] is not None]
         expect(isinstance(got, torch.Tensor), f"{where}: returned {type(got).__name__}, expected the tensor out")
         expect(torch.equal(x, x0), f"{where}: the input x was modified -- write only into out")
@@ -343,10 +376,12 @@ def check_add_rmsnorm(add_rmsnorm, cases):
                  f"{x.stride(0)}, {res.stride(0)}, {out.stride(0)})" if strided else "")
                  + (f", values around {scale:g}" if scale != 1 else "") + f", eps={eps:g} (seed {seed})")
         with record_launches() as launches:
-            ret = _launch(add_rmsnorm, (x, res, weight, out), where, (rmsnorm.add_rmsnorm,), eps=eps)
+            ret, math_ops = _launch(add_rmsnorm, (x, res, weight, out), where, (rmsnorm.add_rmsnorm,), eps=eps)
         got = out if ret is None else ret
         expect(isinstance(got, torch.Tensor), f"{where} returned {type(got).__name__}, expected the tensor out")
         _own_kernels(launches, where)
+        _math_beside(launches, math_ops, where, "the residual add and the norm (the fusion is the point: h = x + "
+                     "residual is read once, in registers)")
         kernels.update((id(lc["kernel"]), lc["kernel"]) for lc in launches)
         grids = [lc["grid"] for lc in launches if lc["grid"] is not None]
         if grids and grids[-1][0] != rows:

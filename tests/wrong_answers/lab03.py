@@ -12,7 +12,7 @@ import triton.language as tl  # noqa: E402
 
 from common.exercises import lab03  # noqa: E402
 from common.kernels import fusion, rmsnorm  # noqa: E402
-from test_exercises_lab03 import (RMS_MISTAKES, _launch, add_kernel, add_kernel_masked_store_only,  # noqa: E402
+from test_exercises_lab03 import (RMS_MISTAKES, _launch, rms_launcher, add_kernel, add_kernel_masked_store_only,  # noqa: E402
                                   softmax_kernel, softmax_kernel_columns, softmax_kernel_no_max,
                                   softmax_kernel_other_zero, softmax_kernel_store_no_mask, vector_add_floor_grid,
                                   vector_add_no_mask, vector_add_returns_new, vector_add_right)
@@ -75,6 +75,21 @@ def _workbook_softmax_kernel(x, out):
     return out
 
 
+def _softmax_for_show(x, out):  # torch.softmax fills out; a kernel launched into scratch memory, for show
+    _launch(softmax_kernel, x, torch.empty_like(out))
+    return out.copy_(torch.softmax(x, dim=-1))
+
+
+def _add_for_show(x, y, out, block_size=1024):
+    vector_add_right(x, y, torch.empty_like(out), block_size)
+    return torch.add(x, y, out=out)
+
+
+def _residual_in_torch(x, residual, weight, out, eps=1e-6):  # the fusion undone: the add in PyTorch, the norm fused
+    residual.add_(x)
+    return rms_launcher()(torch.zeros_like(x), residual, weight, out, eps)
+
+
 def _eager_rmsnorm(x, residual, weight, out, eps=1e-6):  # right numbers, in PyTorch: no kernel
     residual += x
     h = residual.float()
@@ -98,6 +113,7 @@ WRONG = {
         (_add_with(_add_x_twice), "the second load reads x_ptr"),
         (lambda x, y, out, block_size=1024: _add_with(fusion._kernels().add)(x, y, out, block_size),
          "workbook's own"),
+        (_add_for_show, "computed with torch \\(add\\) beside the kernel"),
     ],
     lab03.check_softmax: [
         (lambda x, out: _launch(softmax_kernel_no_max, x, out), "subtract the row max"),
@@ -111,9 +127,11 @@ WRONG = {
         (_two_launches, "one program per row"),
         (lambda x, out: _launch(_softmax_unnormalised, x, out), "unnormalised"),
         (_workbook_softmax_kernel, "workbook's own"),
+        (_softmax_for_show, "computed with torch \\(softmax\\) beside the kernel"),
     ],
     lab03.check_add_rmsnorm: [(launcher, words) for launcher, words in RMS_MISTAKES.values()] + [
         (_eager_rmsnorm, "no Triton kernel was launched"),
+        (_residual_in_torch, "computed with torch \\(add_\\) beside the kernel"),
         (lambda x, r, w, out, eps=1e-6: rmsnorm.add_rmsnorm(x, r, w, out, eps),
          "reference this exercise asks you to write"),
         (lambda x, r, w, out, eps=1e-6: out.copy_(rmsnorm.add_rmsnorm_eager(x, r, w, eps)),
