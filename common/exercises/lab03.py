@@ -133,6 +133,10 @@ def check_vector_add(vector_add, cases):
         got = out if ret is None else ret
         _own_kernels(launches, where)
         _math_beside(launches, math_ops, where, "the add")
+        if len(launches) > 1:
+            fail(f"{where}: {len(launches)} kernel launches for one add: launch once, with a grid of "
+                 f"triton.cdiv(n, block_size) programs -- each program handles its own block (a Python loop of launches "
+                 f"pays a launch each)")
         sizes = {lc["constants"].get("BLOCK_SIZE") for lc in launches} - {None}
         if sizes and sizes != {block}:
             fail(f"{where}: the kernel was launched with BLOCK_SIZE={sorted(sizes)[0]}, not the block_size={block} "
@@ -261,6 +265,9 @@ def check_softmax(softmax, cases):
         got = out if ret is None else ret
         _own_kernels(launches, where)
         _math_beside(launches, math_ops, where, "the max, the exp, the sum and the division")
+        if len(launches) > 1:
+            fail(f"{where}: {len(launches)} kernel launches for one softmax: one launch, one program per row -- a "
+                 f"fused softmax reads each row once and writes it once")
         grids = [lc["grid"] for lc in launches if lc["grid"] is not None]
         expect(isinstance(got, torch.Tensor), f"{where}: returned {type(got).__name__}, expected the tensor out")
         expect(torch.equal(x, x0), f"{where}: the input x was modified -- write only into out")
@@ -383,6 +390,9 @@ def check_add_rmsnorm(add_rmsnorm, cases):
         _math_beside(launches, math_ops, where, "the residual add and the norm (the fusion is the point: h = x + "
                      "residual is read once, in registers)")
         kernels.update((id(lc["kernel"]), lc["kernel"]) for lc in launches)
+        if len(launches) > 1:
+            fail(f"{where}: {len(launches)} kernel launches per call: the exercise fuses the residual add and the norm "
+                 f"into ONE kernel, one program per row (h = x + residual stays in registers between them)")
         grids = [lc["grid"] for lc in launches if lc["grid"] is not None]
         if grids and grids[-1][0] != rows:
             fail(f"{where}: launched a grid of {grids[-1]} programs for {rows} rows -- one program per row, grid = "

@@ -90,6 +90,18 @@ def _residual_in_torch(x, residual, weight, out, eps=1e-6):  # the fusion undone
     return rms_launcher()(torch.zeros_like(x), residual, weight, out, eps)
 
 
+def _add_block_by_block(x, y, out, block_size=1024):  # a Python loop of one-program launches
+    n = x.numel()
+    for start in range(0, n, block_size):
+        add_kernel[(1,)](x[start:], y[start:], out[start:], n - start, BLOCK_SIZE=block_size)
+    return out
+
+
+def _rmsnorm_twice(x, residual, weight, out, eps=1e-6):  # two launches: the add and the norm not in one kernel
+    rms_launcher()(x, residual, weight, out, eps)
+    return rms_launcher()(torch.zeros_like(x), residual, weight, out, eps)
+
+
 def _eager_rmsnorm(x, residual, weight, out, eps=1e-6):  # right numbers, in PyTorch: no kernel
     residual += x
     h = residual.float()
@@ -114,6 +126,7 @@ WRONG = {
         (lambda x, y, out, block_size=1024: _add_with(fusion._kernels().add)(x, y, out, block_size),
          "workbook's own"),
         (_add_for_show, "computed with torch \\(add\\) beside the kernel"),
+        (_add_block_by_block, "kernel launches for one add"),
     ],
     lab03.check_softmax: [
         (lambda x, out: _launch(softmax_kernel_no_max, x, out), "subtract the row max"),
@@ -132,6 +145,7 @@ WRONG = {
     lab03.check_add_rmsnorm: [(launcher, words) for launcher, words in RMS_MISTAKES.values()] + [
         (_eager_rmsnorm, "no Triton kernel was launched"),
         (_residual_in_torch, "computed with torch \\(add_\\) beside the kernel"),
+        (_rmsnorm_twice, "into ONE kernel"),
         (lambda x, r, w, out, eps=1e-6: rmsnorm.add_rmsnorm(x, r, w, out, eps),
          "reference this exercise asks you to write"),
         (lambda x, r, w, out, eps=1e-6: out.copy_(rmsnorm.add_rmsnorm_eager(x, r, w, eps)),
