@@ -31,7 +31,7 @@ def check_copy_bytes(copy_bytes, cases):
     for n, dtype in inputs:
         text = f"copy_bytes({n}, {dtype!r})"
         got = as_number(learner_call(copy_bytes, (n, dtype), text, [(ceilings, "copy_bytes")],
-                                     expected="a number of bytes"), text)
+                                     expected="a number of bytes", library=True), text)
         b = _DTYPE_BYTES[dtype]
         expected = 2 * n * b
         if got == expected:
@@ -65,7 +65,7 @@ def check_matmul_flops(matmul_flops, cases):
     for m, n, k in inputs:
         text = f"matmul_flops({m}, {n}, {k})"
         got = as_number(learner_call(matmul_flops, (m, n, k), text, [(ceilings, "matmul_flops")],
-                                     expected="a number of FLOPs"), text)
+                                     expected="a number of FLOPs", library=True), text)
         if got == 2 * m * n * k:
             continue
         if got == m * n * k:
@@ -91,13 +91,14 @@ def check_predict_matmul_seconds(predict, cases):
     rng = cases.rng
     # compute-bound, and memory-bound cases with every element size (1, 2, 4 bytes), asymmetric shapes
     inputs = [(4096, 2048, 1024, 2, 1e15, 3e12), (8192, 1, 4096, 2, 1e15, 3e12), (1, 4096, 2048, 1, 1e14, 2e12),
-             (3000, 2, 5000, 4, 1e12, 5e10)] + [
+             (3000, 2, 5000, 4, 1e12, 5e10), (6000, 5000, 4000, 2, 1e14, 3e12)] + [
         (rng.randint(1, 4096), rng.randint(1, 4096), rng.randint(1, 4096), rng.choice([1, 2, 4]),
          rng.uniform(1e11, 1e15), rng.uniform(1e10, 8e12)) for _ in range(6)]
     for case in inputs:
         m, n, k, b, f, bw = case
         text = f"predict({m}, {n}, {k}, {b}, {f:.4g}, {bw:.4g})"
-        got = as_number(learner_call(predict, tuple(case), text, expected="seconds (a number)"), text)
+        got = as_number(learner_call(predict, tuple(case), text, [(ceilings, "matmul_flops")], expected="seconds (a number)",
+                                     library=True), text)
         expected = _reference_predict(*case)
         compute, memory = 2 * m * n * k / f, (m * k + k * n + m * n) * b / bw
         apart = abs(compute - memory) > 1e-3 * expected
@@ -110,6 +111,11 @@ def check_predict_matmul_seconds(predict, cases):
         if apart and near(compute) and memory > compute:
             fail(f"{text} = {got:.6g} s: that is the compute time alone; this shape is memory-bound -- moving "
                  f"(m*k + k*n + m*n) x {b} bytes takes {memory:.6g} s, longer than the FLOPs -- take the larger")
+        if apart and compute / 2 <= memory < compute and near(memory):
+            fail(f"{text} = {got:.6g} s: that is the memory time; this shape is compute-bound -- its FLOPs take "
+                 f"{compute:.6g} s. Either the FLOPs count multiply-adds (m*n*k; each is 2 FLOPs: 2*m*n*k), which "
+                 f"halves the compute time below the memory time, or you took the memory time alone (or the smaller of "
+                 f"compute and memory time): take the larger")
         if apart and near(memory) and compute > memory:
             fail(f"{text} = {got:.6g} s: that is the memory time alone (or the smaller of compute and memory "
                  f"time); this shape is compute-bound -- its FLOPs take {compute:.6g} s -- take the larger")
@@ -124,9 +130,30 @@ def check_predict_matmul_seconds(predict, cases):
         if memory > compute and near(max(compute, memory / b)) and b != 1:
             fail(f"{text} = {got:.6g} s: the memory time counts elements, not bytes; multiply by "
                  f"bytes_per_element={b}")
+        _name_predict(got, text, case, compute, memory, expected, near)
         expect_close(got, expected, f"predicted seconds of {text}", rtol=1e-6, atol=0)
     return "max(FLOPs / FLOP rate, bytes / bandwidth) for compute- and memory-bound shapes and every element size"
 
+
+def _name_predict(got, text, case, compute, memory, expected, near) -> None:
+    """The rarer mistakes of 0.4, named when `got` equals what one gives (and the right answer does not)."""
+    m, n, k, b, f, bw = case
+    c_twice = (m * k + k * n + 2 * m * n) * b / bw
+    twice = {2 * m * m * k, 2 * m * n * n, 2 * m * k * k, 2 * n * n * k} - {2 * m * n * k}
+    for wrong, why in (
+            (max(compute / 2, memory), "the FLOPs count multiply-adds (m*n*k); each is 2 FLOPs, a multiply and an "
+                                       "add: 2*m*n*k"),
+            (expected * 1e3, "that is milliseconds; return seconds"),
+            (expected * 1e6, "that is microseconds; return seconds"),
+            (max(2 * m * n * k / bw, (m * k + k * n + m * n) * b / f), "the two rates are swapped: FLOPs divide by "
+                                                                      "flops_per_s, bytes by bytes_per_s"),
+            (max(compute, c_twice), "the bytes count C twice (read and written); C = A @ B only writes C: "
+                                    "(m*k + k*n + m*n) x bytes_per_element"),
+            (max(compute, memory * 8), "the bytes are in bits (x 8); bytes_per_s is in bytes"),
+    ) + tuple((max(t / f, memory), "one dimension is used twice in the FLOPs and another not at all; (m x k) @ "
+                                   "(k x n) does m*n*k multiply-adds") for t in twice):
+        if near(wrong) and abs(wrong - expected) > 1e-6 * expected:
+            fail(f"{text} = {got:.6g} s, expected {expected:.6g}: {why}")
 
 
 # ------------------------------------------------------------------------------ 0.3: the two ceilings, measured right
@@ -207,7 +234,7 @@ def _check_harness(best_seconds_per_call, rng) -> None:
         text = f"best_seconds_per_call(op, sync, min_time={min_time:g})"
         with simtime.clock(q, getattr(best_seconds_per_call, "__globals__", {})):
             got = learner_call(best_seconds_per_call, (q.fn, q.sync, min_time), text, _REFERENCES,
-                               expected="the best block's seconds per call")
+                               expected="the best block's seconds per call", library=True)
         got = as_number(got, text)
         bs = simtime.blocks(q.log)
         _name_seconds(got, w, bs, text, min_time)
@@ -220,7 +247,7 @@ def _run_device(fn, args, text, q, dev, threads, learner=True):
             if not learner:
                 return fn(*args)
             try:
-                return learner_call(fn, args, text, _REFERENCES, expected="a dict")
+                return learner_call(fn, args, text, _REFERENCES, expected="a dict", library=True)
             except CheckFailed as exc:
                 if "without the measurement ending" in str(exc) or "called common." in str(exc):
                     raise

@@ -14,8 +14,8 @@ import numpy as np
 from common.core import timing
 from common.core.checks import CheckFailed, _learner_error, checker, expect, fail
 from common.core.measurement import noisy_samples
-from common.exercises.cases import as_number, learner_call, replayable
-from common.exercises.simtime import SimQueue, clock
+from common.exercises.cases import as_number, learner_call, refused, replayable, watched
+from common.exercises.simtime import LAUNCH_S, SimQueue, clock
 
 WARMUP_HOST_S = 0.060  # each warm-up call pays this on the host (like compilation or autotuning)
 OUTLIER_HOST_S = 0.040  # two timed calls are delayed on the host (like a preempted thread)
@@ -65,6 +65,7 @@ def _mistakes(plan, warmup, repeats) -> tuple[list[float], list[tuple[str, float
              ("the mean of the timed calls: two calls delayed on the host pull a mean up -- report the median",
               statistics.fmean(right)),
              ("the total of the timed calls: divide by nothing, take the median per call", sum(right)),
+             ("the slowest timed call (the maximum): report the median, a typical call", max(right)),
              ("the warm-up calls were timed together with the measured ones: time only the `repeats` calls that "
               "come after the warm-up", statistics.median(samples(time_warmup=True))),
              ("milliseconds: return seconds", med * 1e3), ("microseconds: return seconds", med * 1e6),
@@ -84,6 +85,9 @@ def _judge(got, text: str, q: SimQueue, plan, warmup: int, repeats: int) -> None
     low, high = statistics.median_low(ordered), statistics.median_high(ordered)
     if low * (1 - 1e-9) <= got <= high * (1 + 1e-9):
         return
+    for factor, unit in ((1e3, "milliseconds"), (1e6, "microseconds"), (1e9, "nanoseconds (perf_counter_ns?)")):
+        if low * (1 - 1e-6) <= got / factor <= high * (1 + 1e-6):
+            fail(f"{text} = {got:.6g}, the median is {statistics.median(right):.6g} s: that is {unit}: return seconds")
     for message, value in wrong:
         if abs(got - value) <= 1e-9 * max(abs(value), 1e-12):
             fail(f"{text} = {got:.6g}, the median is {statistics.median(right):.6g} s: that is {message}")
@@ -107,8 +111,8 @@ def check_time_fn(time_fn, cases):
         q = SimQueue(plan)
         text = f"time_fn(fn, sync, warmup={warmup}, repeats={repeats})"
         with clock(q, getattr(time_fn, "__globals__", {})):
-            got = learner_call(time_fn, (q.fn, q.sync, warmup, repeats), text, [(timing, "bench")],
-                               expected="the median seconds per call")
+            got = learner_call(time_fn, (q.fn, q.sync, warmup, repeats), text, _BENCH_REFS,
+                               expected="the median seconds per call", library=True)
         _judge(as_number(got, text), text, q, plan, warmup, repeats)
     return ("the exact median per call for two warm-up/repeat settings: synchronised, warmed up, and robust to "
             "the two delayed calls")
@@ -154,23 +158,32 @@ class _Watch:
         real_record, real_elapsed = ev.record, ev.elapsed_time
 
         def record():
-            ev.recordings.append((self.q.calls, self.flushes))
+            ev.recordings.append((self.q.calls, self.flushes, self.q.busy_until <= self.q.now))
             real_record()
 
         def elapsed_time(end):
             value = real_elapsed(end)
-            self.reads.append((ev, end, value))
+            self.reads.append((ev, end, value, len(ev.recordings), len(end.recordings), self.q.calls))
             return value
         ev.record, ev.elapsed_time = record, elapsed_time
         return ev
 
     def pairs(self) -> list[dict]:
-        """Each pair read: the calls it brackets (indices), whether a flush sat inside, its value in seconds."""
-        out = []
-        for start, end, value in self.reads:
-            (c0, f0), (c1, f1) = start.recordings[-1], end.recordings[-1]
-            out.append({"calls": list(range(c0, c1)), "flush_inside": f1 > f0, "s": value / 1e3,
-                        "reused": len(start.recordings) > 1 or len(end.recordings) > 1})
+        """Each pair read: the calls it brackets (indices), whether a flush sat inside, whether the device was idle
+        when its start was recorded, its value in seconds; "stale" when that recording was read before, "reused"
+        when one of its events holds recordings never read (recorded again before the read); "interleaved" when it
+        was read before the next call."""
+        out, seen, read = [], set(), {}
+        for start, end, _, n0, n1, _ in self.reads:
+            read.setdefault(id(start), set()).add(n0)
+            read.setdefault(id(end), set()).add(n1)
+        for start, end, value, n0, n1, calls in self.reads:
+            (c0, f0, idle), (c1, f1, _) = start.recordings[n0 - 1], end.recordings[n1 - 1]
+            key = (id(start), n0, id(end), n1)
+            out.append({"calls": list(range(c0, c1)), "flush_inside": f1 > f0, "s": value / 1e3, "idle": idle,
+                        "reused": any(len(ev.recordings) > len(read[id(ev)]) > 0 for ev in (start, end)),
+                        "stale": key in seen, "interleaved": calls == c1})
+            seen.add(key)
         return out
 
 
@@ -194,9 +207,16 @@ def _judge_bench(got, text: str, w: _Watch, warmup: int, min_time: float) -> Non
     pairs = w.pairs()
     if not pairs:
         fail(f"{text}: elapsed_time was never read: after sync(), read start.elapsed_time(end) of each pair")
-    if any(p["reused"] for p in pairs):
-        fail(f"{text}: one event pair was recorded again and again: an event keeps only its LAST recording, so every "
-             f"elapsed_time you read is the last call's. Make a fresh pair (make_event() twice) for each call")
+    stale = sum(p["stale"] for p in pairs)
+    if any(p["reused"] for p in pairs) or stale:
+        reused = any(p["reused"] for p in pairs)
+        what = ("one event pair was recorded again and again" if reused else
+                f"{stale} of your {len(pairs)} elapsed_time reads read a pair already read (the same two events, the "
+                f"same recordings)")
+        fix = ("make a fresh pair (make_event() twice) for each call" if reused else
+               "read each pair of your list, not the last start and end (a loop variable read after the loop?)")
+        fail(f"{text}: {what}: an event keeps only its LAST recording, so every elapsed_time you read is the last "
+             f"call's -- {fix}")
     before = min(p["calls"][0] for p in pairs if p["calls"]) if any(p["calls"] for p in pairs) else 0
     if before < warmup:
         fail(f"{text}: fn was called {before} time(s) before the first timed call, but warmup={warmup}: call fn "
@@ -215,7 +235,16 @@ def _judge_bench(got, text: str, w: _Watch, warmup: int, min_time: float) -> Non
     if sum(p["flush_inside"] for p in timed) > len(timed) // 2:
         fail(f"{text}: the flush sits between the start and end events, so each sample includes the flush "
              f"({FLUSH_S * 1e3:g} ms of device work here): launch flush() BEFORE start.record()")
-    right = sorted(p["s"] for p in timed if w.cold[p["calls"][0]] and not p["flush_inside"])
+    cold = [p for p in timed if w.cold[p["calls"][0]] and not p["flush_inside"]]
+    if sum(p["idle"] for p in cold) > len(cold) // 2:
+        how = ("you synchronised and read after each call, and then recorded the next start event on an idle device"
+               if sum(p["interleaved"] for p in cold) > len(cold) // 2 else
+               "a sync() sits between the flush and start.record(), so each start event was recorded on an idle "
+               "device")
+        fail(f"{text}: {how}: each sample then also measures the launch gap (the ~{LAUNCH_S * 1e6:g} us between "
+             f"start.record() and fn's work reaching the device). Keep the queue busy: flush(), start.record(), fn(), "
+             f"end.record() with no sync between them; record every pair, then sync() once and read them all")
+    right = sorted(p["s"] for p in cold)
     if len(right) < 5:
         fail(f"{text}: only {len(right)} call(s) were timed cold between their own events: flush, record start, "
              f"call, record end -- for each of the repeats")
@@ -267,6 +296,9 @@ def iqr_of(xs: list[float]) -> float:
     return q[2] - q[0]
 
 
+_BENCH_REFS = [(timing, "bench"), (timing, "_cuda_event_times"), (timing, "_bench_cpu")]
+
+
 @checker("1.3", "your own do_bench", in_kernel="it times the learner's do_bench on a simulated clock in the kernel")
 @replayable
 def check_do_bench(do_bench, cases):
@@ -278,8 +310,10 @@ def check_do_bench(do_bench, cases):
         w = _Watch(q)
         text = f"do_bench(fn, flush, make_event, sync, warmup={warmup}, min_time={min_time:g})"
         try:
-            with clock(q, getattr(do_bench, "__globals__", {})):
+            with clock(q, getattr(do_bench, "__globals__", {})), watched(_BENCH_REFS, library=True) as called:
                 got = do_bench(w.fn, w.flush, w.make_event, q.sync, warmup, min_time)
+            if called:
+                raise refused(text, called[0], _BENCH_REFS)
         except (NotImplementedError, CheckFailed):
             raise
         except RuntimeError as exc:
@@ -301,8 +335,9 @@ def _boolean(got) -> None:
 
 def _rule(is_regression, base, cand, text):
     from common.core import measurement
-    got = learner_call(is_regression, (list(base), list(cand)), text, [measurement.is_regression],
-                       expected="True or False")
+    got = learner_call(is_regression, (list(base), list(cand)), text, [measurement.is_regression,
+                       (measurement, "shift_std_err"), (measurement, "surely_caught"), (measurement, "decide")],
+                       expected="True or False", library=True)
     _boolean(got)
     return bool(got)
 

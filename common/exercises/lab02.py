@@ -60,7 +60,8 @@ def _check_cost(call: str, got, ref: rl.Cost, mistakes: list[tuple[str, float | 
 
 
 def _learner(fn, text: str, *args, reference: str = ""):
-    return learner_call(fn, tuple(args), text, [(rl, reference)] if reference else (), expected="a pair (flops, bytes)")
+    return learner_call(fn, tuple(args), text, [(rl, reference)] if reference else (), expected="a pair (flops, bytes)",
+                        library=True)
 
 
 def _elements(shape) -> float:
@@ -104,11 +105,13 @@ def _cost_mistakes(op: str, shape: tuple, dtype: str) -> list[tuple[str, float |
             ("the two matmuls are 2*s*s*d FLOPs each (a multiply-add is 2 FLOPs)", bh * (2 * s * s * d_ + 5 * s * s),
              None),
             ("you computed one (batch, head); multiply by batch x heads", ref.flops / bh if bh > 1 else None,
-             ref.bytes / bh if bh > 1 else None), elements]
-
-
-def _learner(fn, text: str, *args, reference: str = ""):
-    return learner_call(fn, tuple(args), text, [(rl, reference)] if reference else (), expected="a pair (flops, bytes)")
+             ref.bytes / bh if bh > 1 else None),
+            ("you multiplied by batch only (or heads only); every (batch, head) pair is one attention: batch x heads",
+             *((ref.flops / h, ref.bytes / h) if h > 1 and bsz != h else (None, None))),
+            ("you multiplied by batch only (or heads only); every (batch, head) pair is one attention: batch x heads",
+             *((ref.flops / bsz, ref.bytes / bsz) if bsz > 1 and bsz != h else (None, None))),
+            ("the bytes miss writing O: read Q, K, V, write O (4*s*d) besides the s x s traffic", None,
+             bh * (3 * s * d_ + 4 * s * s) * b), elements]
 
 
 @checker("2.1", "FLOPs and bytes of a GEMM")
@@ -163,7 +166,7 @@ def _check_one_ridge(ridge, g: str, d: str) -> None:
     ref = hardware.ridge_point(g, d)
     text = f"ridge({g!r}, {d!r})"
     got = as_number(learner_call(ridge, (g, d), text, [(hardware, "ridge_point")],
-                                 expected="FLOPs per byte (a number)"), text)
+                                 expected="FLOPs per byte (a number)", library=True), text)
     tf, tbs = hardware.peak_tflops(g, d), hardware.gpu(g).hbm_bandwidth_tbs
     if hardware.gpu(g).tflops[d]["sparse"] and math.isclose(got, 2 * ref, rel_tol=1e-6):
         other = [x for x in hardware.supported_dtypes(g) if x != d and
@@ -181,6 +184,18 @@ def _check_one_ridge(ridge, g: str, d: str) -> None:
         if math.isclose(got, ref * factor, rel_tol=1e-6):
             fail(f"{text} = {got:.4g}: units mixed up ({what}); convert both to per-second base units: "
                  f"{tf:g}e12 FLOP/s / {tbs:g}e12 B/s = {ref:.4g}")
+    for wrong, why in ((1 / ref, "inverted: that is bytes per FLOP (bandwidth / peak); the ridge is FLOPs per byte, "
+                                 "peak / bandwidth"),
+                       (ref / 8, "the bandwidth is in bits (x 8); HBM bandwidth is in bytes per second"),
+                       (ref * 1e12 / 2**40, "the bandwidth is taken as TiB/s (2^40 bytes); the datasheet's TB/s are "
+                                            "10^12 bytes"),
+                       (ref * hardware.gpu(g).hbm_bandwidth_tbs * 1e3 / hardware.gpu(g).nvlink_gbs
+                        if hardware.gpu(g).nvlink_gbs else None,
+                        "that divides by the NVLink bandwidth; the ridge uses HBM bandwidth (hbm_bandwidth_tbs)")):
+        if wrong is not None and math.isclose(got, wrong, rel_tol=1e-6) and not math.isclose(wrong, ref, rel_tol=1e-6):
+            fail(f"{text} = {got:.4g}: {why} -> {ref:.4g}")
+    if float(got).is_integer() and abs(got - ref) < 1 and not math.isclose(got, ref, rel_tol=1e-6):
+        fail(f"{text} = {got:g}: rounded to a whole number; the ridge is {ref:.6g} FLOP/B -- return it unrounded")
     expect_close(got, ref, text, rtol=1e-6, atol=0)
 
 
@@ -232,7 +247,7 @@ def _check_prediction(predict_op, op: str, shape: tuple, dtype: str, roof: str, 
     call = (f"predict_op({op!r}, {shape}, {dtype!r}, peak_flops={peak:.4g}, bandwidth={bw:.4g})"
             + ("" if roof == "random" else f" [the {roof} roof]"))
     got = learner_call(predict_op, (op, shape, dtype, peak, bw), call, _PREDICTOR_REFS,
-                       expected=f"a dict with the keys {', '.join(KEYS)}")
+                       expected=f"a dict with the keys {', '.join(KEYS)}", library=True)
     if not isinstance(got, dict):
         fail(f"{call} returned {type(got).__name__} {got!r:.60}; return a dict with the keys {', '.join(KEYS)}")
     missing = [k for k in KEYS if k not in got]
@@ -325,7 +340,8 @@ def _check_one_critical_batch(critical_batch, g: str, d: str, k: int, n: int) ->
     roof = rl.Roof.datasheet(g, d)
     ref = rl.critical_batch(roof.peak_flops, roof.bandwidth, k, n, d)
     text = f"critical_batch({g!r}, {d!r}, k={k}, n={n})"
-    got = learner_call(critical_batch, (g, d, k, n), text, [(rl, "critical_batch")], expected="an integer batch size")
+    got = learner_call(critical_batch, (g, d, k, n), text, [(rl, "critical_batch")], expected="an integer batch size",
+                       library=True)
     expect(got is not None, f"{text} returned None -- return an integer batch size")
     if isinstance(got, float) and not float(got).is_integer():
         fail(f"{text} = {got}: a batch is a whole number of tokens; return the smallest integer that reaches the "
@@ -352,8 +368,50 @@ def _check_one_critical_batch(critical_batch, g: str, d: str, k: int, n: int) ->
              got == rl.critical_batch(roof.peak_flops, roof.bandwidth, k, n, x)]
     if other:
         named.append(f"that counts {B[other[0]]} bytes per element; {d} has {B[d]}")
+    if got != ref:
+        named += _critical_look_alikes(got, ref, roof, g, d, k, n)
     if named:
         fail(f"{text} = {got}: " + ("; or ".join(named) if len(named) == 1 else
-                                    "two mistakes give this answer -- " + "; or ".join(named)) + f" (answer {ref})")
+                                    f"{_several(named)} give this answer -- " + "; or ".join(named))
+             + f" (answer {ref})")
     expect(got == ref, f"{text}: expected {ref}, got {got} (intensity at {got}: "
                        f"{rl.decode_gemm_intensity(max(got, 1), k, n, d):.2f} FLOP/B; ridge {roof.ridge:.2f})")
+
+
+def _smallest(reaches, limit: int = 1 << 20) -> int | None:
+    """The smallest batch b >= 1 with reaches(b), by doubling then bisection (None past `limit`)."""
+    if reaches(1):
+        return 1
+    lo, hi = 1, 2  # reaches(lo) is False, reaches(hi) is True once found
+    while not reaches(hi):
+        lo, hi = hi, hi * 2
+        if hi > limit:
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if reaches(mid) else (mid, hi)
+    return hi
+
+
+def _critical_look_alikes(got: int, ref: int, roof, g: str, d: str, k: int, n: int) -> list[str]:
+    """The critical-batch mistakes (besides one short, weights-only, sparse and byte size) that give `got`."""
+    b, ridge = B[d], roof.ridge
+    ridges = {x: hardware.ridge_point(g, x) for x in hardware.supported_dtypes(g) if x != d}
+    named = []
+    if got == ref + 1:
+        named.append(f"one past -- batch {ref} already reaches the ridge (intensity "
+                     f"{rl.decode_gemm_intensity(ref, k, n, d):.2f} >= {ridge:.2f}): the test is >=, and return the "
+                     f"first batch that passes it")
+    for why, intensity in (
+            ("the bytes miss writing the output (batch x n elements): a GEMM reads A and B and writes C",
+             lambda x: 2 * x * k * n / (b * (x * k + k * n))),
+            ("the FLOPs count multiply-adds (batch x k x n); each is 2 FLOPs",
+             lambda x: x * k * n / (b * (x * k + k * n + x * n)))):
+        if got == _smallest(lambda x: intensity(x) >= ridge):
+            named.append(why)
+    for x, r in ridges.items():
+        if got == _smallest(lambda y: rl.decode_gemm_intensity(y, k, n, d) >= r):
+            named.append(f"that reaches the {x} ridge ({r:.4g} FLOP/B); a {d} matmul is held to the {d} ridge "
+                         f"({ridge:.4g})")
+            break
+    return named

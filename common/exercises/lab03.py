@@ -7,6 +7,8 @@ process (the interpreter does not bounds-check) nor corrupts memory, and the che
 """
 from __future__ import annotations
 
+import contextlib
+
 from common.core.checks import checker, expect, expect_close, expect_equal, fail
 from common.exercises.cases import learner_call, record_launches, replayable, unmasked_accesses
 
@@ -16,12 +18,54 @@ SENTINEL = -12345.0  # what `out` and the guards hold before the call: a value n
 
 def _launch(fn, args: tuple, call: str, references: tuple = (), **kwargs):
     """learner_call of a launcher, with NumPy's overflow warnings from the interpreter silenced (the verdict explains
-    an overflow better)."""
+    an overflow better); any call into the workbook's library is refused but what the notebook hands the learner."""
     import functools
     import warnings
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _torch_math() as math_ops:
         warnings.simplefilter("ignore", RuntimeWarning)
-        return learner_call(functools.partial(fn, **kwargs), args, call, references)
+        result = learner_call(functools.partial(fn, **kwargs), args, call, references, library=True, allowed=ALLOWED)
+    return result, math_ops
+
+
+ALLOWED = ("common.kernels.fusion.softmax_num_warps",)  # the solution of 3.2 sizes its warps with it
+# torch arithmetic a launcher has no use for: the exercise computes it inside the kernel (the interpreter itself only
+# reads pointers, sizes and strides)
+MATH = {"softmax", "log_softmax", "exp", "exp_", "add", "add_", "__add__", "__radd__", "__iadd__", "sub", "sub_",
+        "__sub__", "mul", "mul_", "__mul__", "__rmul__", "div", "div_", "__truediv__", "rsqrt", "sqrt", "pow",
+        "__pow__", "mean", "sum", "rms_norm", "layer_norm", "amax", "max", "logsumexp", "norm", "square"}
+
+
+@contextlib.contextmanager
+def _torch_math():
+    """Record (in the yielded list) the torch arithmetic (MATH) called while the block runs."""
+    from torch.overrides import TorchFunctionMode
+    called: list[str] = []
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            if name in MATH and name not in called:
+                called.append(name)
+            return func(*args, **(kwargs or {}))
+    with Watch():
+        yield called
+
+
+def _math_beside(launches: list, math_ops: list, where: str, what: str) -> None:
+    """Refuse a result computed in PyTorch beside a launched kernel (a kernel launched for show, or a fusion undone)."""
+    if launches and math_ops:
+        fail(f"{where}: your launcher computed with torch ({', '.join(math_ops)}) beside the kernel it launched: the "
+             f"exercise is the kernel -- do {what} inside it, in one launch, and use torch only to size the grid")
+
+
+def _own_kernels(launches: list, where: str) -> None:
+    """Refuse a launch of one of the workbook's own Triton kernels (common.kernels.*): the exercise is the kernel."""
+    for lc in launches:
+        fn = getattr(lc["kernel"], "fn", lc["kernel"])
+        module = getattr(fn, "__module__", "") or ""
+        if module.startswith("common."):
+            fail(f"{where}: launched {module}.{getattr(fn, '__name__', 'a kernel')}, the workbook's own kernel, "
+                 f"which does this exercise for you; write the @triton.jit kernel yourself")
 
 
 def _guarded(t, fill=None):
@@ -85,8 +129,14 @@ def check_vector_add(vector_add, cases):
         out, out_buf = _guarded_out((n,), device)
         where = f"vector_add with n={n}, block_size={block} (seed {seed})"
         with record_launches() as launches:
-            ret = _launch(vector_add, (x, y, out), where, (fusion.vector_add,), block_size=block)
+            ret, math_ops = _launch(vector_add, (x, y, out), where, (fusion.vector_add,), block_size=block)
         got = out if ret is None else ret
+        _own_kernels(launches, where)
+        _math_beside(launches, math_ops, where, "the add")
+        if len(launches) > 1:
+            fail(f"{where}: {len(launches)} kernel launches for one add: launch once, with a grid of "
+                 f"triton.cdiv(n, block_size) programs -- each program handles its own block (a Python loop of launches "
+                 f"pays a launch each)")
         sizes = {lc["constants"].get("BLOCK_SIZE") for lc in launches} - {None}
         if sizes and sizes != {block}:
             fail(f"{where}: the kernel was launched with BLOCK_SIZE={sorted(sizes)[0]}, not the block_size={block} "
@@ -101,10 +151,20 @@ def check_vector_add(vector_add, cases):
             if first == 0:
                 fail(f"{where}: out was never written (it still holds what it held before the call). Does the "
                      f"launcher start the kernel with a grid, `add_kernel[grid](...)`, and store into out_ptr?")
+            grids = [lc["grid"][0] for lc in launches if lc["grid"]]
+            if grids and max(grids) >= -(-n // block):
+                fail(f"{where}: elements {first}..{n - 1} of out were never written although the grid has "
+                     f"{max(grids)} programs: every program wrote the same block -- offset each program's block by "
+                     f"its id, `offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)`")
             fail(f"{where}: elements {first}..{n - 1} of out were never written ({int(unwritten.numel())} in all): "
                  f"the grid has too few programs. It needs ceil(n / block_size) = {-(-n // block)} programs -- "
                  f"`triton.cdiv(n, block_size)`, with the same block size that the kernel is given")
-        expect_close(got, x0.double() + y0.double(), where, rtol=1e-6, atol=1e-6)
+        _name_add(got, x0.double(), y0.double(), where)
+        grids = [lc["grid"][0] for lc in launches if lc["grid"]]
+        if grids and max(grids) > -(-n // block):
+            fail(f"{where}: launched a grid of {max(grids)} programs for {-(-n // block)} blocks of {block}: "
+                 f"{'one program per element' if max(grids) == n else 'more programs than blocks'} -- each program "
+                 f"handles BLOCK_SIZE elements, so the grid is triton.cdiv(n, block_size)")
         kernels.update((id(lc["kernel"]), lc["kernel"]) for lc in launches)
     expect(kernels, "the values are right, but no Triton kernel was launched -- the exercise is the kernel: launch "
                     "add_kernel[grid](...) instead of computing x + y in PyTorch")
@@ -119,14 +179,29 @@ def check_vector_add(vector_add, cases):
             f"block; nothing written past the end")
 
 
+def _name_add(got, x, y, where: str) -> None:
+    """Name what out holds when it is not x + y (x alone, y alone, x - y, x * y, 2x), or say where it first differs."""
+    import torch
+    g = got.double()
+    if torch.allclose(g, x + y, rtol=1e-6, atol=1e-6):
+        return
+    for value, what in ((x, "x alone: y was never added"), (y, "y alone: x was never added"),
+                        (x - y, "x - y: subtract where the exercise adds"), (x * y, "x * y: multiply where the "
+                                                                                   "exercise adds"),
+                        (2 * x, "x + x: the second load reads x_ptr, not y_ptr")):
+        if torch.allclose(g, value, rtol=1e-6, atol=1e-6):
+            fail(f"{where}: out holds {what}")
+    expect_close(got, x + y, where, rtol=1e-6, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------------- 3.2
 def _softmax_cases(rng):
     """(rows, cols, scale, offset, strided): shapes around powers of two, one with large values, one strided."""
     return [(1, 1, 1.0, 0.0, False), (3, 7, 1.0, 0.0, False),
-            (rng.randint(20, 40), rng.randint(513, 1023), 1.0, 0.0, False), (16, 128, 1.0, 0.0, False),
-            (3, rng.randint(1025, 3000), 1.0, 0.0, False),
             (rng.randint(4, 9), rng.randint(100, 300), 30.0, 200.0, False),
-            (rng.randint(5, 13), rng.randint(50, 250), 1.0, 0.0, True)]
+            (rng.randint(5, 13), rng.randint(50, 250), 1.0, 0.0, True),
+            (rng.randint(20, 40), rng.randint(513, 1023), 1.0, 0.0, False), (16, 128, 1.0, 0.0, False),
+            (3, rng.randint(1025, 3000), 1.0, 0.0, False)]
 
 
 def _softmax_diagnosis(got, x0, where):
@@ -142,6 +217,11 @@ def _softmax_diagnosis(got, x0, where):
                  f"(softmax(x) = softmax(x - max(x)), mathematically the same)")
         fail(f"{where}: non-finite value (NaN or inf) at index {tuple(bad)}")
     rows, cols = x0.shape
+    x = x0.double()
+    numerators = (x - x.max(dim=-1, keepdim=True).values).exp()
+    if torch.allclose(g, numerators, rtol=1e-4, atol=1e-6) or torch.allclose(g, x.exp(), rtol=1e-4, atol=1e-6):
+        fail(f"{where}: out holds exp(x - max) (or exp(x)) unnormalised: divide each row by its sum, so that it "
+             f"sums to 1")
     if rows > 1 and cols > 1:
         by_column = torch.softmax(x0.double(), dim=0)
         if torch.allclose(g, by_column, rtol=1e-4, atol=1e-6):
@@ -181,8 +261,13 @@ def check_softmax(softmax, cases):
                                                           if offset else "") + (" (a strided view)" if strided else "")
                  + f" (seed {seed})")
         with record_launches() as launches:
-            ret = _launch(softmax, (x, out), where, (fusion.softmax,))
+            ret, math_ops = _launch(softmax, (x, out), where, (fusion.softmax,))
         got = out if ret is None else ret
+        _own_kernels(launches, where)
+        _math_beside(launches, math_ops, where, "the max, the exp, the sum and the division")
+        if len(launches) > 1:
+            fail(f"{where}: {len(launches)} kernel launches for one softmax: one launch, one program per row -- a "
+                 f"fused softmax reads each row once and writes it once")
         grids = [lc["grid"] for lc in launches if lc["grid"] is not None]
         expect(isinstance(got, torch.Tensor), f"{where}: returned {type(got).__name__}, expected the tensor out")
         expect(torch.equal(x, x0), f"{where}: the input x was modified -- write only into out")
@@ -298,10 +383,16 @@ def check_add_rmsnorm(add_rmsnorm, cases):
                  f"{x.stride(0)}, {res.stride(0)}, {out.stride(0)})" if strided else "")
                  + (f", values around {scale:g}" if scale != 1 else "") + f", eps={eps:g} (seed {seed})")
         with record_launches() as launches:
-            ret = _launch(add_rmsnorm, (x, res, weight, out), where, (rmsnorm.add_rmsnorm,), eps=eps)
+            ret, math_ops = _launch(add_rmsnorm, (x, res, weight, out), where, (rmsnorm.add_rmsnorm,), eps=eps)
         got = out if ret is None else ret
         expect(isinstance(got, torch.Tensor), f"{where} returned {type(got).__name__}, expected the tensor out")
+        _own_kernels(launches, where)
+        _math_beside(launches, math_ops, where, "the residual add and the norm (the fusion is the point: h = x + "
+                     "residual is read once, in registers)")
         kernels.update((id(lc["kernel"]), lc["kernel"]) for lc in launches)
+        if len(launches) > 1:
+            fail(f"{where}: {len(launches)} kernel launches per call: the exercise fuses the residual add and the norm "
+                 f"into ONE kernel, one program per row (h = x + residual stays in registers between them)")
         grids = [lc["grid"] for lc in launches if lc["grid"] is not None]
         if grids and grids[-1][0] != rows:
             fail(f"{where}: launched a grid of {grids[-1]} programs for {rows} rows -- one program per row, grid = "
