@@ -161,8 +161,12 @@ def _device_always(averages, device="cpu"):
 
 
 def _first_shapes(averages, device="cpu"):
-    name, _, us = _top_op(averages, device)
-    return name, next(a.input_shapes for a in averages if a.key == name and a.input_shapes), us
+    """The shapes looked up again by name -- and found on the other row of that name (group_by_input_shape keeps
+    one row per shape); a lookup by name finds either, so the audit takes the wrong one every time."""
+    key = _self_key(device)
+    top = max((a for a in averages if a.key.startswith("aten::")), key=lambda a: getattr(a, key))
+    other = [a for a in averages if a.key == top.key and a is not top]
+    return top.key, (other or [top])[0].input_shapes, getattr(top, key)
 
 
 WRONG = {
