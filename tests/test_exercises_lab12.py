@@ -519,7 +519,7 @@ def _idle_by_boundaries(events, window):
 
 def _sorted_by_hand(x, weights, indices, w_gate, w_up, w_down, act):
     """No lab-06 helpers: argsort by hand, slice per expert, index_add back."""
-    t, k = indices.shape
+    k = indices.shape[1]
     flat = indices.reshape(-1)
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=w_gate.shape[0]).tolist()
@@ -563,6 +563,11 @@ def test_right_answers_written_differently_pass():
     assert lab12.check_moe_sorted_forward(_sorted_by_hand).passed
     assert lab12.check_moe_grouped_forward(_grouped_einsum).passed
     assert lab12.check_profile_steps(_profile_started_by_hand).passed
-    key = lambda d: "self_device_time_total" if d == "cuda" else "self_cpu_time_total"  # noqa: E731
-    assert lab12.check_top_op(lambda avgs, d="cpu": (lambda t: (t.key, t.input_shapes, getattr(t, key(d))))(
-        sorted((a for a in avgs if a.key.startswith("aten::")), key=lambda a: getattr(a, key(d)))[-1])).passed
+    assert lab12.check_top_op(_top_by_sorting).passed
+
+
+def _top_by_sorting(averages, device="cpu"):
+    """The last of the aten rows sorted by self time."""
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    rows = sorted((a for a in averages if a.key.startswith("aten::")), key=lambda a: getattr(a, key))
+    return rows[-1].key, rows[-1].input_shapes, getattr(rows[-1], key)

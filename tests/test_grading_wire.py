@@ -115,6 +115,7 @@ def test_this_rounds_exercises_pass_as_the_grader_judges_them(monkeypatch):
 def test_a_graders_object_has_truthiness():
     """`rng = rng or random.Random()` on the grader's Random: truth asked of the object, not its len() (12.4's
     solution was graded 'failed' with "object of type 'Random' has no len()")."""
-    from common.exercises import lab12
     from test_exercises_lab12 import guard
+
+    from common.exercises import lab12
     assert lab12 and loopback("12.4", (guard,)).passed

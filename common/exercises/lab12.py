@@ -4,13 +4,11 @@ dispatch (12.5), driving torch.profiler (12.6), the top operator by self time (1
 (12.8)."""
 from __future__ import annotations
 
-import random
-
 import torch
 
 from common.core import traces
 from common.core.checks import CheckFailed, checker, expect, expect_close, fail, near
-from common.exercises import guard_checks, moe_checks
+from common.exercises import guard_checks, moe_checks, profile_checks
 from common.exercises.cases import as_number, expect_number, learner_call, replayable
 from common.systems import capstone
 
@@ -60,63 +58,12 @@ def check_moe_grouped_forward(fn, cases):
 
 
 # ---------------------------------------------------------------------------------------------- 12.1
-def _idle_cases(seed):
-    rng = random.Random(seed)
-    ev = lambda ts, dur, tid=1, name="aten::op": {"name": name, "ts": float(ts), "dur": float(dur), "tid": tid}
-    cases = [
-        # nested: a parent op, its child and grandchild, then an op overlapping the parent -- busy 0..70 of 120
-        ([ev(0, 60), ev(10, 30), ev(15, 5), ev(50, 20)], (0, 120), "nested"),
-        # gaps before the first and after the last op
-        ([ev(20, 10), ev(50, 20)], (0, 100), "edges"),
-        # ops sticking out of the window on both sides, listed out of order
-        ([ev(80, 60), ev(-30, 45), ev(40, 10)], (0, 100), "clip"),
-        # two threads overlapping
-        ([ev(0, 50, 1), ev(25, 50, 2), ev(90, 5, 1)], (0, 100), "threads"),
-        ([], (0, 10), "empty"),
-    ]
-    for _ in range(3):
-        n = rng.randint(5, 40)
-        lo = rng.uniform(-50, 50)
-        hi = lo + rng.uniform(200, 1000)
-        events = []
-        for _ in range(n):
-            ts = rng.uniform(lo - 50, hi)
-            events.append(ev(ts, rng.uniform(0, 80), rng.choice([1, 1, 2])))
-            if rng.random() < 0.4:  # a nested child
-                events.append(ev(ts + 1, rng.uniform(0, 0.5) * events[-1]["dur"], events[-1]["tid"]))
-        rng.shuffle(events)
-        cases.append((events, (lo, hi), "random"))
-    return cases
-
-
-def _one_end(events, window, lo):
-    """The idle share with every event clipped at one end of the window only (a likely mistake)."""
-    a, b = window
-    clipped = [{"ts": max(e["ts"], a) if lo else e["ts"], "dur": 0.0} for e in events]
-    for c, e in zip(clipped, events):
-        c["dur"] = (e["ts"] + e["dur"] if lo else min(e["ts"] + e["dur"], b)) - c["ts"]
-    return 1 - sum(t - s for s, t in traces.merged_intervals([c for c in clipped if c["dur"] > 0])) / (b - a)
-
-
-def _merged(events, window, in_order=False, keep_max=True):
-    """A sweep over the clipped events with one mistake: unsorted (`in_order`) or a nested end moving it back."""
-    lo, hi = window
-    spans = [(max(e["ts"], lo), min(e["ts"] + e["dur"], hi)) for e in events]
-    busy, covered = 0.0, lo
-    for s, t in (spans if in_order else sorted(spans)):
-        s = max(s, covered)
-        if t > s:
-            busy += t - s
-        covered = max(covered, t) if keep_max else t
-    return 1 - busy / (hi - lo)
-
-
 @checker("12.1", "idle share from a trace")
 @replayable
 def check_idle_share(fn, cases):
     """fn(events, window) -> fraction of window (start, end) in which no event (dicts: ts, dur in us) runs."""
     seed = cases.seed
-    for events, window, kind in _idle_cases(seed):
+    for events, window, kind in profile_checks.idle_cases(seed):
         given = [dict(e) for e in events]
         got = learner_call(fn, (given, window), f"idle_share(<{len(events)} events>, {tuple(window)}) ({kind} case)",
                            (traces.idle_share, traces.merged_intervals), library=True)
@@ -149,14 +96,14 @@ def check_idle_share(fn, cases):
             if kind == "clip" and abs(g - unclipped) < 1e-9:
                 fail(f"{where}: got {g:.6g}: events sticking out of the window were counted in full; clip each to the "
                      f"window (expected {expected:.6g})")
-            for end, value in (("start", _one_end(events, window, lo=True)), ("end", _one_end(events, window, lo=False))):
+            for end, value in (("start", profile_checks.one_end(events, window, lo=True)), ("end", profile_checks.one_end(events, window, lo=False))):
                 if abs(g - value) < 1e-9:
                     fail(f"{where}: got {g:.6g}: you clipped the events only at the window's {end}; an event can stick "
                          f"out of either end -- clip both (expected {expected:.6g})")
-            if abs(g - _merged(events, window, in_order=True)) < 1e-9:
+            if abs(g - profile_checks.merged(events, window, in_order=True)) < 1e-9:
                 fail(f"{where}: got {g:.6g}: you merged the events in the order given; a trace's events are not sorted "
                      f"by start time -- sort them (by ts) first (expected {expected:.6g})")
-            if abs(g - _merged(events, window, keep_max=False)) < 1e-9:
+            if abs(g - profile_checks.merged(events, window, keep_max=False)) < 1e-9:
                 fail(f"{where}: got {g:.6g}: a nested event (ending before its parent) moved your covered-up-to point "
                      f"back, so the rest of the parent was counted again -- keep covered_to = max(covered_to, end) "
                      f"(expected {expected:.6g})")
@@ -316,7 +263,7 @@ def check_corrected_share(fn, cases):
         per = (prof_ms - unprof) / ops
         raw = _raw_share(*args)
         expected = min(max(raw, 0.0), 1.0)
-        clip = lambda v: min(max(v, 0.0), 1.0)  # noqa: E731
+        clip = lambda v: min(max(v, 0.0), 1.0)
         whole = "the step's whole overhead (profiled_ms - unprofiled_ms) taken off the part: take off only its own " \
                 "operators' share, part_ops x (profiled_ms - unprofiled_ms) / ops"
         if not 0 <= raw <= 1 and near(got, raw, 1e-6):  # which end is missing: ask the other end's case
@@ -326,20 +273,19 @@ def check_corrected_share(fn, cases):
                 fail(f"{call} returned {got:.6g}: clipped at {'0' if raw > 1 else '1'} only -- clip to [0, 1]: a "
                      f"share {'above 1' if raw > 1 else 'below 0'} is as impossible as one "
                      f"{'below 0' if raw > 1 else 'above 1'} (expected {expected:.6g})")
-        wrong = [("not clipped: a share lies in [0, 1] -- the per-op overhead is an average, so a part of cheap "
-                  "operators can correct below 0 (or one measured in another round above 1): clip to [0, 1]", raw),
-                 ("the part's corrected TIME in ms: divide it by unprofiled_ms for its share of the step",
-                  part - part_ops * per), ("the part's corrected TIME in ms: divide it by unprofiled_ms for its "
-                                           "share of the step", unprof * expected),
+        time = "the part's corrected TIME in ms: divide it by unprofiled_ms for its share of the step"
+        wrong = [(("not clipped: a share lies in [0, 1] -- the per-op overhead is an average, so a part of cheap "
+                   "operators can correct below 0 (or one measured in another round above 1): clip to [0, 1]"), raw),
+                 (time, part - part_ops * per), (time, unprof * expected),
                  (whole, (part - (prof_ms - unprof)) / unprof), (whole, clip((part - (prof_ms - unprof)) / unprof)),
                  ("the raw profile share part_ms / profiled_ms: it still carries the profiler's overhead",
                   part / prof_ms),
-                 ("part_ms / unprofiled_ms: the part's time is still the profiled one -- subtract its operators' "
-                  "overhead, part_ops x (profiled_ms - unprofiled_ms) / ops", part / unprof),
+                 (("part_ms / unprofiled_ms: the part's time is still the profiled one -- subtract its operators' "
+                   "overhead, part_ops x (profiled_ms - unprofiled_ms) / ops"), part / unprof),
                  ("the corrected time over the PROFILED step: divide by the unprofiled step",
                   (part - part_ops * per) / prof_ms),
-                 ("the overhead per op taken as profiled_ms / ops: only the difference, (profiled - unprofiled) / "
-                  "ops, is the profiler's", (part - part_ops * prof_ms / ops) / unprof),
+                 (("the overhead per op taken as profiled_ms / ops: only the difference, (profiled - unprofiled) / "
+                   "ops, is the profiler's"), (part - part_ops * prof_ms / ops) / unprof),
                  ("a percentage: return a fraction", 100 * expected)]
         if not near(got, expected, 1e-6):
             for why, value in wrong:
@@ -350,44 +296,6 @@ def check_corrected_share(fn, cases):
 
 
 # ---------------------------------------------------------------------------------------------- 12.6
-def _profiled_names(prof, path):
-    import json
-    from pathlib import Path
-    expect(Path(path).is_file(), f"no trace at {path}: call prof.export_chrome_trace(trace_path) after the steps")
-    try:
-        events = json.loads(Path(path).read_text())["traceEvents"]
-    except (ValueError, KeyError, TypeError) as exc:
-        fail(f"the file at {path} is not a Chrome trace with traceEvents ({exc}); write it with "
-             f"prof.export_chrome_trace")
-    return [e.get("name") for e in events if e.get("cat") == "user_annotation"]
-
-
-def _check_schedule(call, prof, wait, warmup, active):
-    """The profiler's schedule read back: `wait` skipped steps, `warmup` warm-up steps, then `active` recorded."""
-    from torch.profiler import ProfilerAction
-    n = wait + warmup + active
-    try:
-        got = [prof.schedule(i) for i in range(n)]
-    except Exception as exc:  # noqa: BLE001 -- a learner's own schedule function
-        fail(f"{call}: the profiler's schedule could not be read back ({type(exc).__name__}: {exc}); use "
-             f"torch.profiler.schedule(wait=..., warmup=..., active=...)")
-    record = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
-    if all(a in record for a in got):
-        fail(f"{call}: the profiler has no schedule: it records every step, the skipped and the warm-up ones too -- "
-             f"pass schedule=torch.profiler.schedule(wait={wait}, warmup={warmup}, active={active})")
-    skipped = sum(a == ProfilerAction.NONE for a in got[:wait + warmup])
-    warm = sum(a == ProfilerAction.WARMUP for a in got)
-    if warm == 0:
-        how = "folded into wait" if skipped == wait + warmup else "warmup=0"
-        fail(f"{call}: the schedule skips {skipped} step(s) and warms up none ({how}): without a warm-up step the "
-             f"first recorded step pays for the profiler starting; use wait={wait}, warmup={warmup}")
-    want = [ProfilerAction.NONE] * wait + [ProfilerAction.WARMUP] * warmup + [ProfilerAction.RECORD] * (active - 1) \
-        + [ProfilerAction.RECORD_AND_SAVE]
-    if got != want:
-        fail(f"{call}: the schedule's steps read back as {[a.name for a in got]}; wait={wait}, warmup={warmup}, "
-             f"active={active} gives {[a.name for a in want]}")
-
-
 @checker("12.6", "driving torch.profiler: schedule, shapes, stacks, activities, trace",
          in_kernel="it reads the torch.profiler object the learner returns (its activities, shapes, stacks)")
 @replayable
@@ -435,7 +343,7 @@ def check_profile_steps(fn, cases):
             expect(len(calls) == wait + warmup + active,
                    f"{call} ran the step {len(calls)} times; a schedule of wait={wait}, warmup={warmup}, "
                    f"active={active} needs {wait + warmup + active} steps, each followed by prof.step()")
-            _check_schedule(call, prof, wait, warmup, active)
+            profile_checks.check_schedule(call, prof, wait, warmup, active)
             want = {ProfilerActivity.CPU} | ({ProfilerActivity.CUDA} if device == "cuda" else set())
             got = set(prof.activities)
             if device == "cuda":
@@ -445,7 +353,7 @@ def check_profile_steps(fn, cases):
                                 f"{sorted(act.name for act in want)} (CUDA only on a GPU run)")
             expect(prof.record_shapes, f"{call}: record_shapes is off; turn it on to see each operator's shapes")
             expect(prof.with_stack, f"{call}: with_stack is off; turn it on to see where each operator was called")
-            names = _profiled_names(prof, path)
+            names = profile_checks.profiled_names(prof, path)
             if "checker: skipped or warm-up step" in names:
                 fail(f"{call}: the trace holds a skipped or warm-up step -- no schedule, or warmup=0: use "
                      f"torch.profiler.schedule(wait={wait}, warmup={warmup}, active={active}) so the first steps "
@@ -456,13 +364,6 @@ def check_profile_steps(fn, cases):
 
 
 # ---------------------------------------------------------------------------------------------- 12.7
-def _row(key, self_cpu, total_cpu, self_dev=0.0, total_dev=0.0, shapes=(), count=1):
-    from types import SimpleNamespace
-    return SimpleNamespace(key=key, input_shapes=[list(s) for s in shapes], count=count,
-                           self_cpu_time_total=self_cpu, cpu_time_total=total_cpu,
-                           self_device_time_total=self_dev, device_time_total=total_dev)
-
-
 @checker("12.7", "the top operator by self time, and its shapes")
 @replayable
 def check_top_op(fn, cases):
@@ -471,15 +372,15 @@ def check_top_op(fn, cases):
     r = cases.rng.uniform(1.0, 2.0)
     # every look-alike ranking picks a different row: total, smallest, per call, ranges and frames, the CPU time of a
     # GPU operator (its launch), its device total (its children's kernels)
-    cpu = [_row("routed_experts", 1100 * r, 5000 * r), _row("aten::linear", 20, 3000 * r, shapes=[(64, 32), (32, 8)]),
-           _row("aten::addmm", 400 * r, 420 * r, shapes=[(8,), (64, 32), (32, 8)], count=50),
-           _row("aten::addmm", 300, 310, shapes=[(8,), (16, 32), (32, 8)]), _row("aten::add_", 250, 250, count=40),
-           _row("aten::_softmax", 350 * r, 350 * r, shapes=[(64, 8), ()]), _row("aten::view", 2, 2, shapes=[(64, 32)]),
-           _row("torch/nn/modules/module.py(1750): _call_impl", 1200 * r, 6000 * r)]
-    gpu = [_row("aten::bmm", 40, 60, 900 * r, 900 * r, [(8, 64, 32), (8, 32, 16)], count=20),
-           _row("aten::index_select", 500 * r, 520 * r, 30, 30, [(4096, 64), (), (512,)]),
-           _row("aten::mm", 60, 80, 400, 400, [(64, 32), (32, 16)]),
-           _row("aten::linear", 15, 200, 0, 1500 * r, [(64, 32), (16, 32), (16,)])]
+    cpu = [profile_checks.row("routed_experts", 1100 * r, 5000 * r), profile_checks.row("aten::linear", 20, 3000 * r, shapes=[(64, 32), (32, 8)]),
+           profile_checks.row("aten::addmm", 400 * r, 420 * r, shapes=[(8,), (64, 32), (32, 8)], count=50),
+           profile_checks.row("aten::addmm", 300, 310, shapes=[(8,), (16, 32), (32, 8)]), profile_checks.row("aten::add_", 250, 250, count=40),
+           profile_checks.row("aten::_softmax", 350 * r, 350 * r, shapes=[(64, 8), ()]), profile_checks.row("aten::view", 2, 2, shapes=[(64, 32)]),
+           profile_checks.row("torch/nn/modules/module.py(1750): _call_impl", 1200 * r, 6000 * r)]
+    gpu = [profile_checks.row("aten::bmm", 40, 60, 900 * r, 900 * r, [(8, 64, 32), (8, 32, 16)], count=20),
+           profile_checks.row("aten::index_select", 500 * r, 520 * r, 30, 30, [(4096, 64), (), (512,)]),
+           profile_checks.row("aten::mm", 60, 80, 400, 400, [(64, 32), (32, 16)]),
+           profile_checks.row("aten::linear", 15, 200, 0, 1500 * r, [(64, 32), (16, 32), (16,)])]
     why = {"routed_experts": "a record_function range, not an operator: take aten:: entries only",
            "torch/nn/modules/module.py(1750): _call_impl": "a Python frame (with_stack records them): take aten:: "
                                                            "entries only"}
@@ -488,20 +389,23 @@ def check_top_op(fn, cases):
         cases.rng.shuffle(rows)
         key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
         aten = [a for a in rows if a.key.startswith("aten::")]
-        top = lambda by, pick=max: pick(aten, key=by).key  # noqa: E731
-        looks = [(top(lambda a: a.cpu_time_total), "the top by TOTAL time (cpu_time_total), which includes the "
-                                                   "operators it calls; rank by self time (self_cpu_time_total)"),
-                 (top(lambda a: getattr(a, key), min), "the SMALLEST self time (min where max is asked): the top "
-                                                        "operator has the largest"),
-                 (top(lambda a: getattr(a, key) / a.count), "the top by self time PER CALL: an operator called many "
-                                                            "times costs its total self time, not one call's")]
+        def top(by, pick=max, aten=aten):
+            return pick(aten, key=by).key
+        self_time = lambda a, key=key: getattr(a, key)
+        looks = [(top(lambda a: a.cpu_time_total), ("the top by TOTAL time (cpu_time_total), which includes the "
+                                                    "operators it calls; rank by self time (self_cpu_time_total)")),
+                 (top(self_time, min), ("the SMALLEST self time (min where max is asked): the top operator has "
+                                        "the largest")),
+                 (top(lambda a, t=self_time: t(a) / a.count), ("the top by self time PER CALL: an operator called many "
+                                                          "times costs its total self time, not one call's"))]
         if device == "cuda":
-            looks = [(top(lambda a: a.device_time_total), "the top by total device time (device_time_total), which "
-                                                          "counts the kernels of the operators it calls; rank by "
-                                                          "self_device_time_total"),
-                     (top(lambda a: a.self_cpu_time_total), "the top by CPU time on a GPU run: the CPU time of a GPU "
-                                                            "operator is its launch; rank by self_device_time_total"),
-                     ] + looks[1:]
+            looks = [(top(lambda a: a.device_time_total), ("the top by total device time (device_time_total), which "
+                                                           "counts the kernels of the operators it calls; rank by "
+                                                           "self_device_time_total")),
+                     (top(lambda a: a.self_cpu_time_total), ("the top by CPU time on a GPU run: the CPU time of a GPU "
+                                                             "operator is its launch; rank by "
+                                                             "self_device_time_total")),
+                     *looks[1:]]
         call = f"top_op(<{len(rows)} averages>, device={device!r}) [random case, seed {cases.seed}]"
         got = learner_call(fn, (rows, device), call, expected="(name, input_shapes, self_us)", library=True)
         expect(isinstance(got, tuple) and len(got) == 3, f"{call} returned {got!r:.80}; return a tuple (name, "

@@ -4,16 +4,39 @@ that call the workbook's own code."""
 import functools
 
 import torch
+from test_exercises_lab12 import (
+    GUARD_WRONG,
+    _absolute,
+    _between_ops,
+    _corrected,
+    _detached,
+    _dropped_rows,
+    _equivalent,
+    _exact,
+    _idle,
+    _mean_error,
+    _modifies_indices,
+    _modifies_input,
+    _nan_blind,
+    _no_shape_check,
+    _none_passes,
+    _output_only,
+    _padded,
+    _per_expert,
+    _profile_steps,
+    _sorted_assumed,
+    _token_order_weights,
+    _too_loose,
+    _top_op,
+    _unclipped,
+    _unweighted,
+    guard,
+)
 
 from common.core import traces
-from common.moe import moe
 from common.exercises import lab12
+from common.moe import moe
 from common.systems import capstone
-from test_exercises_lab12 import (GUARD_WRONG, _absolute, _between_ops, _corrected,
-                                  _detached, _dropped_rows, _exact, _idle, _mean_error, _modifies_input, _modifies_indices,
-                                  _nan_blind, _no_shape_check, _none_passes, _output_only, _padded, _per_expert,
-                                  _profile_steps, _sorted_assumed, _token_order_weights, _too_loose,
-                                  _unclipped, _unweighted, _equivalent, _top_op, guard)
 
 
 # ---------------------------------------------------------------------------------------------- 12.1

@@ -3,9 +3,11 @@ rates (13.2, the build exercise) and the exposed all-to-all of a chunk (13.3) --
 cheats that call the workbook's own model."""
 import functools
 
-from common.exercises import lab13, layer_model
-from common.systems.v3 import kit as v3kit, model as v3model
 from test_exercises_lab13 import right_exposed, right_flops, right_layer, v3_cfg
+
+from common.exercises import lab13, layer_model
+from common.systems.v3 import kit as v3kit
+from common.systems.v3 import model as v3model
 
 
 def _mistake(name):
