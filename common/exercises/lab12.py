@@ -183,6 +183,21 @@ _WHY = {
 }
 
 
+def _why_refused(fn, ref, seed):
+    """Why a check refused rounding noise, told by two probes: the same noise on results 1e5 times smaller (a fixed
+    absolute tolerance accepts it), and noise proportional to each element, none on the zeros (allclose accepts it)."""
+    fix = "; compare max|got - ref| with rtol x max|ref| per tensor"
+    small = {k: v * 1e-5 for k, v in ref.items()}
+    if bool(learner_call(fn, (small, _noisy(small, 2e-6, seed)), "equivalent(ref, got)", library=True)):
+        return ("a fixed absolute tolerance: it passed the same rounding noise on results 1e5 times smaller; the "
+                "outputs here reach ~1e3, so their rounding is ~1e-3 in absolute terms" + fix)
+    relative = {k: v * (1 + 1e-7) for k, v in ref.items()}
+    if bool(learner_call(fn, (ref, relative), "equivalent(ref, got)", library=True)):
+        return ("an elementwise relative test like allclose (|got - ref| <= rtol |ref| + atol per element): rounding "
+                "noise lands on exact zeros too, where no relative tolerance is left" + fix)
+    return "an exact comparison (torch.equal, ==): float32 rounding changes the last bits" + fix
+
+
 @checker("12.2", "equivalence check with a sensible tolerance")
 @replayable
 def check_equivalent(fn, cases):
@@ -196,10 +211,7 @@ def check_equivalent(fn, cases):
         if verdict is not True and verdict is not False and not isinstance(verdict, (bool, torch.Tensor)):
             fail(f"expected True or False, got {type(verdict).__name__} {verdict!r}")
         if not bool(verdict):
-            hint = ("two identical results must pass" if what == "identical" else
-                    "an exact comparison, a fixed absolute tolerance (outputs here reach ~1e3, so rounding is "
-                    "~1e-3 in absolute terms) or an elementwise relative one like allclose (rounding noise lands "
-                    "on exact zeros too) rejects it; compare max|got - ref| with rtol x max|ref| per tensor")
+            hint = "two identical results must pass" if what == "identical" else _why_refused(fn, ref, seed)
             fail(f"{what}: your check said NOT equivalent, but this is a correct result (seed {seed}): {hint}")
     passed = {}
     for key, what, ref, got in wrong:

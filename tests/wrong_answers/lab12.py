@@ -7,6 +7,7 @@ import torch
 from test_exercises_lab12 import (
     GUARD_WRONG,
     _absolute,
+    _allclose,
     _between_ops,
     _corrected,
     _detached,
@@ -208,7 +209,8 @@ WRONG = {
         (lambda e, w: f"{_idle(e, w):.1%}", "expected a fraction"),
     ],
     lab12.check_equivalent: [
-        (_exact, "correct result"),
+        (_exact, "an exact comparison \\(torch.equal"),
+        (_allclose, "an elementwise relative test like allclose"),
         (_absolute, "fixed absolute tolerance"),
         (lambda r, g: _absolute(r, g, atol=1e-2), "cannot see errors in small gradients"),
         (_output_only, "compare every gradient"),
