@@ -107,7 +107,7 @@ def test_moe_grouped_forward():
     assert lab12.check_moe_grouped_forward(_padded).passed
     for wrong, match in [(_unweighted, "gate weight"), (_per_expert, "matrix multiplications"),
                          (_act_per_expert, "matrix multiplications|called .* times"),
-                         (_mask_loop, "matrix multiplications"), (_dropped_rows, "MoE output"),
+                         (_mask_loop, "matrix multiplications"), (_dropped_rows, "rows were dropped"),
                          (_detached, "backward|gradient"), (_calls_reference, "write it"),
                          (_modifies_input, "modified its input|in-place"),
                          (_modifies_indices, "modified its input indices")]:
@@ -200,9 +200,9 @@ def _sorted_assumed(events, window):
 
 def test_idle_share():
     assert lab12.check_idle_share(_idle).passed
-    for wrong, match in [(_summed, "counted twice"), (_between_ops, "edges"), (_unclipped, "clip"),
+    for wrong, match in [(_summed, "counted twice"), (_between_ops, "edges"), (_unclipped, "counted in full"),
                          (lambda e, w: 1 - _idle(e, w), "BUSY"), (lambda e, w: 100 * _idle(e, w), "percentage"),
-                         (_sorted_assumed, "idle share for")]:
+                         (_sorted_assumed, "not sorted by start time")]:
         with pytest.raises(CheckFailed, match=match):
             lab12.check_idle_share(wrong)
     assert lab12.check_idle_share(_stub).status == "not attempted"
@@ -339,32 +339,11 @@ def _profile_steps(step, trace_path, wait=1, warmup=1, active=2, device="cpu", *
 
 
 def test_profile_steps():
-    from torch.profiler import ProfilerActivity, profile, schedule
+    from torch.profiler import ProfilerActivity
     assert lab12.check_profile_steps(_profile_steps).passed
 
-    def no_warmup(step, path, wait, warmup, active, device):
-        return _profile_steps(step, path, wait, 0, active + warmup, device)
-
-    def no_schedule(step, path, wait, warmup, active, device):
-        return _profile_steps(step, path, wait, warmup, active, device, schedule=None)
-
-    def hard_coded(step, path, wait, warmup, active, device):
-        return _profile_steps(step, path, 1, 1, 2, device)
-
-    def cpu_only(step, path, wait, warmup, active, device):
-        return _profile_steps(step, path, wait, warmup, active, "cpu")
-
-    def no_trace(step, path, wait, warmup, active, device):
-        with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=wait, warmup=warmup, active=active),
-                     record_shapes=True, with_stack=True) as prof:
-            for _ in range(wait + warmup + active):
-                step()
-                prof.step()
-        return prof
-
-    for wrong, match in [(no_warmup, "warm-up step"), (no_schedule, "warm-up step"), (hard_coded, "ran the step"),
-                         (cpu_only, "add ProfilerActivity.CUDA"), (no_trace, "export_chrome_trace"),
-                         (lambda *a: _profile_steps(*a, record_shapes=False), "record_shapes"),
+    # (the schedule's, the trace's and the activities' mistakes: tests/wrong_answers/lab12.py)
+    for wrong, match in [(lambda *a: _profile_steps(*a, record_shapes=False), "record_shapes"),
                          (lambda *a: _profile_steps(*a, with_stack=False), "with_stack"),
                          (lambda *a: _profile_steps(*a, activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]),
                           "CUDA only on a GPU run"),
@@ -428,7 +407,7 @@ def test_calling_the_reference_is_caught(check, reference):
 def test_crash_names_the_call_and_seed_replays():
     def crashes(events, window):
         raise ZeroDivisionError("oops")
-    with pytest.raises(CheckFailed, match=r"idle_share\(<3 events>.*ZeroDivisionError.*seed (\d+)"):
+    with pytest.raises(CheckFailed, match=r"idle_share\(<4 events>.*ZeroDivisionError.*seed (\d+)"):
         lab12.check_idle_share(crashes)
     failed = []
     for seed in (5, 5):
@@ -521,3 +500,74 @@ def test_guard_interval_and_decision():
     assert capstone.decide([0.9, 1.1, 1.0, 1.05, 0.95, 1.02]) is None
     with pytest.raises(ValueError, match="bar=2"):
         capstone.decide([1.0] * 6, bar=2)
+
+
+# ---------------------------------------------------------------- right answers written differently (issue 46)
+def _idle_by_boundaries(events, window):
+    """+1 / -1 at each clipped start and end, swept in time order: busy while the count is above zero."""
+    lo, hi = window
+    marks = sorted([(max(e["ts"], lo), 1) for e in events if min(e["ts"] + e["dur"], hi) > max(e["ts"], lo)]
+                   + [(min(e["ts"] + e["dur"], hi), -1) for e in events if min(e["ts"] + e["dur"], hi) >
+                      max(e["ts"], lo)], key=lambda m: (m[0], -m[1]))
+    busy, depth, since = 0.0, 0, lo
+    for t, step in marks:
+        if depth > 0:
+            busy += t - since
+        depth, since = depth + step, t
+    return (hi - lo - busy) / (hi - lo)
+
+
+def _sorted_by_hand(x, weights, indices, w_gate, w_up, w_down, act):
+    """No lab-06 helpers: argsort by hand, slice per expert, index_add back."""
+    k = indices.shape[1]
+    flat = indices.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=w_gate.shape[0]).tolist()
+    rows = x.index_select(0, order // k)
+    gates, ups, downs = w_gate.unbind(0), w_up.unbind(0), w_down.unbind(0)
+    outs = torch.cat([act(r @ gates[e], r @ ups[e]) @ downs[e] for e, r in enumerate(rows.split(counts))])
+    w = weights.reshape(-1).index_select(0, order).unsqueeze(1)
+    return torch.zeros_like(x).index_add(0, order // k, outs * w)
+
+
+def _grouped_einsum(x, weights, indices, w_gate, w_up, w_down, act):
+    """Grouped through einsum on the padded buffer, the plan's own attributes read (num_experts, offsets)."""
+    t, k = indices.shape
+    plan = moe.dispatch_plan(indices, w_gate.shape[0])
+    e, cap = plan.num_experts, max(int(plan.counts.max()), 1)
+    flat = indices.reshape(-1)[plan.order]
+    slot = flat * cap + torch.arange(t * k) - plan.offsets[flat]
+    buf = x.new_zeros(e * cap, x.shape[1]).index_copy(0, slot, moe.dispatch(x, plan)).view(e, cap, -1)
+    h = act(torch.einsum("ech,ehf->ecf", buf, w_gate), torch.einsum("ech,ehf->ecf", buf, w_up))
+    y = torch.einsum("ecf,efh->ech", h, w_down).reshape(e * cap, -1)[slot]
+    return moe.combine(y, plan, weights, t)
+
+
+def _profile_started_by_hand(step, trace_path, wait, warmup, active, device):
+    from torch.profiler import ProfilerActivity, profile, schedule
+    acts = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if device == "cuda" else [])]
+    prof = profile(activities=acts, schedule=schedule(wait=wait, warmup=warmup, active=active), record_shapes=True,
+                   with_stack=True)
+    prof.start()
+    for _ in range(wait + warmup + active):
+        step()
+        prof.step()
+    prof.stop()
+    prof.export_chrome_trace(trace_path)
+    return prof
+
+
+def test_right_answers_written_differently_pass():
+    assert lab12.check_idle_share(_idle_by_boundaries).passed
+    assert lab12.check_corrected_share(lambda p, po, pr, o, u: sorted((0.0, (p - po * (pr - u) / o) / u, 1.0))[1]).passed
+    assert lab12.check_moe_sorted_forward(_sorted_by_hand).passed
+    assert lab12.check_moe_grouped_forward(_grouped_einsum).passed
+    assert lab12.check_profile_steps(_profile_started_by_hand).passed
+    assert lab12.check_top_op(_top_by_sorting).passed
+
+
+def _top_by_sorting(averages, device="cpu"):
+    """The last of the aten rows sorted by self time."""
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    rows = sorted((a for a in averages if a.key.startswith("aten::")), key=lambda a: getattr(a, key))
+    return rows[-1].key, rows[-1].input_shapes, getattr(rows[-1], key)

@@ -181,3 +181,18 @@ def test_layer_seconds_other_wrong_answers():
                          (lambda c, t, k: {d: 1e3 * v for d, v in right_layer(c, t, k).items()}, "seconds")]:
         with pytest.raises(CheckFailed, match=match):
             check_layer_seconds(wrong)
+
+
+def test_right_answers_written_differently_pass():
+    """Right answers in other shapes: no library call refused, no look-alike named."""
+    def flops_by_part(cfg, tokens):
+        h = cfg["hidden_size"]
+        nh, nope, rope, vd = (cfg[k] for k in ("num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim",
+                                               "v_head_dim"))
+        shapes = [(h, cfg["q_lora_rank"]), (cfg["q_lora_rank"], nh * (nope + rope)), (h, cfg["kv_lora_rank"] + rope),
+                  (cfg["kv_lora_rank"], nh * (nope + vd)), (nh * vd, h), (h, cfg["n_routed_experts"])]
+        shapes += [(h, cfg["moe_intermediate_size"])] * (3 * (cfg["num_experts_per_tok"] + cfg["n_shared_experts"]))
+        return sum(2 * tokens * a * b for a, b in shapes)
+    assert check_moe_layer_flops(flops_by_part).passed
+    assert check_exposed_all_to_all(lambda F, B, cf, cb, ov: (cf + cb - (F + B) if cf + cb > F + B else 0.0) if ov
+                                    else cb + cf).passed

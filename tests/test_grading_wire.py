@@ -110,3 +110,12 @@ def test_this_rounds_exercises_pass_as_the_grader_judges_them(monkeypatch):
                          (lab14.check_cost_per_m_tokens, t14.right_cost)]:
         v = check(right)
         assert v.passed, (check.__name__, v.detail)
+
+
+def test_a_graders_object_has_truthiness():
+    """`rng = rng or random.Random()` on the grader's Random: truth asked of the object, not its len() (12.4's
+    solution was graded 'failed' with "object of type 'Random' has no len()")."""
+    from test_exercises_lab12 import guard
+
+    from common.exercises import lab12
+    assert lab12 and loopback("12.4", (guard,)).passed

@@ -70,8 +70,8 @@ def check_moe_layer_flops(moe_layer_flops, cases):
         h, inter = cfg["hidden_size"], cfg["moe_intermediate_size"]
         where = (f"moe_layer_flops(cfg with hidden={h}, moe_intermediate={inter}, top_k={k}, shared={s}, "
                  f"experts={cfg['n_routed_experts']}, tokens={tokens}){cases.tag(is_random)}")
-        got = as_number(learner_call(moe_layer_flops, (cfg, tokens), where, (v3model.forward_flops_per_token,)), where,
-                        NUMBER)
+        got = as_number(learner_call(moe_layer_flops, (cfg, tokens), where, (v3model.forward_flops_per_token,),
+                                     library=True), where, NUMBER)
         one_expert = p["routed"] / k
         mistakes = [
             (expected / 2, "counts one FLOP per multiply-add; a GEMM does 2 (multiply and add) per weight and token"),
@@ -118,7 +118,14 @@ def check_exposed_all_to_all(exposed_all_to_all, cases):
         expected = v3model.exposed(cf + cb, F + B) if ov else cf + cb
         where = (f"exposed_all_to_all(F={F:.6g}, B={B:.6g}, comm_F={cf:.6g}, comm_B={cb:.6g}, overlapped={ov})"
                  f"{cases.tag(is_random)}")
-        got = as_number(learner_call(exposed_all_to_all, (F, B, cf, cb, ov), where, (v3model.exposed,)), where, NUMBER)
+        got = as_number(learner_call(exposed_all_to_all, (F, B, cf, cb, ov), where, (v3model.exposed,), library=True),
+                        where, NUMBER)
+        larger = max(cf, cb)
+        if ov and near(got, v3model.exposed(larger, F + B)) and not near(expected, got):
+            fail(f"{where} = {got:.6g}: you took the larger of the two all-to-alls, as if they ran at once; the "
+                 f"dispatch and the combine run one after the other -- sum them (expected {expected:.6g})")
+        if near(got, 1e3 * expected) and expected > 0:
+            fail(f"{where} = {got:.6g}: milliseconds; the times are in seconds (expected {expected:.6g})")
         if ov:
             if got < 0:
                 fail(f"{where} = {got:.6g}: negative -- when compute outlasts the all-to-all nothing is exposed "
@@ -170,7 +177,7 @@ def check_gpu_hours(gpu_hours_per_t_tokens, cases):
         expected = v3model.gpu_hours_per_t_tokens(step, gpus, tokens)
         where = f"gpu_hours_per_t_tokens({step:.6g}, {gpus}, {tokens:.6g}){cases.tag(is_random)}"
         got = as_number(learner_call(gpu_hours_per_t_tokens, (step, gpus, tokens), where,
-                                     (v3model.gpu_hours_per_t_tokens,)), where, NUMBER)
+                                     (v3model.gpu_hours_per_t_tokens,), library=True), where, NUMBER)
         for value, why in [(expected * 3600, "that is GPU-seconds; divide by 3600 for GPU-hours"),
                            (expected / gpus, "that is wall-clock hours; multiply by the number of GPUs"),
                            (expected / 1e12, "that is per token; the question asks per trillion tokens"),
@@ -199,7 +206,8 @@ def check_layer_seconds(layer_seconds, cases):
                  f"{kit.sm_share * 132:.0f} of 132 SMs, {setup.kernels} kernels"
                  f"{', BF16 at %g' % setup.bf16_efficiency if setup.bf16_efficiency else ''}){cases.tag(is_random)}")
         got = learner_call(layer_seconds, (cfg, setup.tokens, kit), where, (v3kit.layer_seconds,),
-                           expected='{"forward": seconds, "backward": seconds}')
+                           expected='{"forward": seconds, "backward": seconds}', library=True,
+                           allowed=("common.systems.v3.kit.Kit",))  # the kit's rates are what the exercise hands
         expect(isinstance(got, dict) and set(got) >= {"forward", "backward"},
                f"{where} returned {got!r:.80}; return a dict with 'forward' and 'backward' (seconds)")
         f, b = (as_number(got[d], f"{where}['{d}']", "seconds") for d in ("forward", "backward"))

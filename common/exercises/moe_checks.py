@@ -11,11 +11,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from common.core.checks import expect, expect_close, fail
-from common.exercises.cases import learner_call
+from common.exercises.cases import learner_call, refused
 from common.moe import moe
 from common.systems import capstone
 
 CASES = [(29, 12, 8, 5, 2, (1,)), (16, 8, 20, 3, 1, ()), (41, 16, 12, 6, 3, (0, 4))]  # T, H, F, E, k, unused
+# what the exercises hand the learner: lab 06's plan, gather and weighted scatter (the plan's own attributes too)
+HANDED = ("common.moe.moe.dispatch_plan", "common.moe.moe.dispatch", "common.moe.moe.combine",
+          "common.moe.moe.DispatchPlan")
 MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "dot", "mv", "addmv", "_grouped_mm"}
 
 
@@ -37,11 +40,16 @@ class Watch(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops: dict = {}
+        self.flops = 0  # 2 x multiply-adds of the matrix products seen
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         self.ops[name] = self.ops.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if name in MATMULS and isinstance(out, torch.Tensor):
+            first = args[1] if name.startswith("add") or name == "baddbmm" else args[0]  # addmm(bias, a, b)
+            self.flops += 2 * out.numel() * first.shape[-1]  # out [.., m, n] x K, K the first operand's last dim
+        return out
 
     def count(self, *names) -> int:
         return sum(self.ops.get(n, 0) for n in names)
@@ -83,9 +91,13 @@ def run_cases(fn, seed: int, call: str) -> list:
         given = (leaves[0], leaves[1], indices.clone(), leaves[2], leaves[3], leaves[4], act)
         fwd, used = Watch(), set()
         with fwd:
-            out = learner_call(fn, given, f"{call} for {where}", tuple(capstone.LAYERS.values()), used)
-        if used:
+            out = learner_call(fn, given, f"{call} for {where}", tuple(capstone.LAYERS.values()), used,
+                               allowed=HANDED, library=True)
+        layers = {f"{f.__module__}.{f.__qualname__}" for f in capstone.LAYERS.values()}
+        if used & layers:
             fail(f"{where}: you called common.systems.capstone's own MoE layer; this exercise is to write it")
+        if used:
+            raise refused(f"{call} for {where}", sorted(used)[0])
         expect(isinstance(out, torch.Tensor), f"{where}: expected a tensor [T, H], got {type(out).__name__}")
         for name, before, after in zip(("x", "weights", "indices", "w_gate", "w_up", "w_down"), copies, given):
             expect(torch.equal(before, after.detach()), f"{where}: your function modified its input {name}; work on "
@@ -101,6 +113,10 @@ def run_cases(fn, seed: int, call: str) -> list:
                               atol=1e-10):
                 fail(f"{where}: the gate weights were applied in the tokens' order to rows in the experts' order -- "
                      f"take each sorted row's weight through the same permutation (moe.combine does)")
+            seen_rows = sum(rows(shape) for shape in act_rows)
+            if 0 < seen_rows < t * k:
+                fail(f"{where}: `act` saw {seen_rows} rows of the T*k = {t * k} routed ones: rows were dropped -- a "
+                     f"capacity below the busiest expert's count ({int(plan.counts.max())}) loses its overflow rows")
         expect_close(out.detach(), expected, f"MoE output for {where}", rtol=1e-9, atol=1e-10)
         probe = torch.randn(expected.shape, generator=torch.Generator().manual_seed(seed + 100 + i),
                             dtype=torch.float64)
@@ -120,8 +136,25 @@ def run_cases(fn, seed: int, call: str) -> list:
             expect_close(got.grad, want.grad, f"gradient of {name} for {where}", rtol=1e-8, atol=1e-10)
         expect(len(act_rows) > 0, f"{where}: `act` was never called; apply the act you are given to the gate/up "
                                   f"projections")
+        busiest = int(torch.bincount(indices.reshape(-1), minlength=e).max())
+        routed, padded = 6 * h * f * t * k, 6 * h * f * e * busiest  # FLOPs: the T*k rows; padded to the busiest
+        if fwd.flops > padded:
+            every = fwd.flops >= 6 * h * f * e * t
+            fail(f"{where}: the forward's matrix products did {fwd.flops:.3g} FLOPs, {fwd.flops / routed:.1f}x the "
+                 f"{routed:.3g} of the T*k = {t * k} routed rows" +
+                 (f": you ran every expert on every token (E x T = {e * t} rows) and weighted the results -- E/k "
+                  f"times the work (32x for V3), what routing exists to avoid; run each expert on its own rows only"
+                  if every else f"; pad each expert only to the busiest expert's count ({busiest} rows), not more"))
         seen.append(Seen(where, e, fwd, bwd, act_rows, t * k))
     return seen
+
+
+def rows(shape) -> int:
+    """Rows of a [..., features] shape."""
+    n = 1
+    for size in shape[:-1]:
+        n *= size
+    return n
 
 
 def _sorted_weights(x, flat_weights, plan, ws, t):

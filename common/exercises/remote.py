@@ -178,6 +178,9 @@ class _RemoteObject:
     def __len__(self):
         return self._stubs.ask(self._key, "len")
 
+    def __bool__(self):  # else Python asks __len__, which a random.Random has not
+        return self._stubs.ask(self._key, "bool")
+
     def __iter__(self):
         return self._stubs.ask(self._key, "iter")
 

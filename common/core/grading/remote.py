@@ -167,6 +167,8 @@ class RemoteFunction:
                 value = obj[codec.decode(msg.get("key"), strict_stubs)]
             elif do == "len":
                 value = len(obj)
+            elif do == "bool":  # `rng or random.Random()`: truthiness without __len__
+                value = bool(obj)
             elif do == "iter":
                 value = iter(obj)
             elif do == "contains":
