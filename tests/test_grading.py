@@ -321,3 +321,17 @@ def test_a_kernel_that_cannot_start_is_one_grader_error(tmp_path, monkeypatch):
         grading.grade(tmp_path / "class", tmp_path / "out", cell_timeout=6, notebook_timeout=30,
                       progress=lambda *_: None)
     assert "No such file" in str(info.value) or "execvp" in str(info.value), str(info.value)
+
+
+def test_concurrent_graders_take_different_uids():
+    """Two graders' sandboxes at once never share a uid (each one's clean-up kills every process of its uid)."""
+    first, fd1 = sandbox.claim_uid(0)
+    second, fd2 = sandbox.claim_uid(0)
+    try:
+        assert first == sandbox.SANDBOX_UID and second == first + 1
+    finally:
+        os.close(fd1)
+    again, fd3 = sandbox.claim_uid(0)
+    os.close(fd2)
+    os.close(fd3)
+    assert again == first, "a released uid is taken again"

@@ -7,13 +7,14 @@ that runs the grader, the workbook's `common/` and `data/` (read-only) and a few
 notebook cannot gain the capabilities a remount would need. When the sandbox's first process ends, the kernel ends
 every process in the PID namespace (a detached `setsid` child too).
 
-Run as root, the grader starts each sandbox as its own uid (SANDBOX_UID + slot, no home, no groups), binds the
+Run as root, the grader starts each sandbox as its own uid (the first free from SANDBOX_UID + slot, no home, no groups), binds the
 sources through a private mount namespace (so a Python under /root works), and puts the sandbox in a memory and a
 pids cgroup when the host lets it. The runner inside lowers its resource limits before anything of the learner
 runs (RLIMIT_DATA/AS, CPU, NPROC, FSIZE, NOFILE; see `Limits`).
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -79,9 +80,27 @@ def unavailable() -> str:
     return ""
 
 
-def _launcher(slot: int, stage_script: str | None) -> list[str]:
+def _launcher(slot: int, stage_script: str | None, uid: int | None = None) -> list[str]:
     """The command prefix that starts bwrap as the sandbox's unprivileged user (root: uid SANDBOX_UID + slot)."""
-    return bwrap.launcher(SANDBOX_UID + slot, stage_script or "")
+    return bwrap.launcher(SANDBOX_UID + slot if uid is None else uid, stage_script or "")
+
+
+UID_LOCKS = Path(tempfile.gettempdir()) / "workbook-sandbox-uids"
+
+
+def claim_uid(slot: int) -> tuple[int, int]:
+    """(uid, lock fd): the first sandbox uid from SANDBOX_UID + slot that no other grader holds. Two graders at once
+    (two `make grade`, a hub's collect beside a test run) would otherwise share slot 0's uid: its process limit counts
+    both sandboxes, and each one's clean-up kills every process of the uid, the other's notebook included."""
+    UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    for uid in range(SANDBOX_UID + slot, SANDBOX_UID + slot + 1024):
+        fd = os.open(UID_LOCKS / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return uid, fd
+        except BlockingIOError:
+            os.close(fd)
+    raise RuntimeError(f"no free sandbox uid from {SANDBOX_UID + slot}: 1,024 graders at once?")
 
 
 class Sandbox:
@@ -94,6 +113,7 @@ class Sandbox:
         self.cgroup: bwrap.Cgroup | None = None
         self._tmp = Path(tempfile.mkdtemp(prefix="workbook-sandbox-"))
         self._tmp.chmod(0o755)
+        self.uid, self._uid_lock = os.geteuid(), None  # as root, start() claims a free sandbox uid
 
     def _binds(self) -> list[tuple[str, str, bool]]:
         """(host source, path inside, writable) of every bind, in mount order (build/machine after build's tmpfs)."""
@@ -129,7 +149,7 @@ class Sandbox:
         flags = ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                  "--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session",
                  "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--hostname", "sandbox"]
-        return _launcher(self.slot, stage) + flags + bw + ["--"] + argv
+        return _launcher(self.slot, stage, self.uid) + flags + bw + ["--"] + argv
 
     def environment(self) -> dict:
         venv_bin = os.path.dirname(sys.executable)
@@ -144,6 +164,7 @@ class Sandbox:
 
     def start(self, argv: list[str]) -> subprocess.Popen:
         if os.geteuid() == 0:
+            self.uid, self._uid_lock = claim_uid(self.slot)
             name = f"workbook-grade-{os.getpid()}-{self.slot}-{self._tmp.name[-8:]}"
             self.cgroup = bwrap.Cgroup(name, self.limits.memory_mb, self.limits.processes)
         cmd = self.command(argv, self.environment())
@@ -173,8 +194,10 @@ class Sandbox:
         if self.cgroup is not None:
             self.cgroup.kill()
             self.cgroup.remove()
-        if os.geteuid() == 0:
-            bwrap.wait_for_uid(SANDBOX_UID + self.slot)
+        if self._uid_lock is not None:
+            bwrap.wait_for_uid(self.uid)
+            os.close(self._uid_lock)  # the uid is free for another sandbox once none of its processes is left
+            self._uid_lock = None
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 
