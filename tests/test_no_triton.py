@@ -24,9 +24,7 @@ def test_the_triton_labs_are_the_ones_set_up_names():
     assert with_triton == list(tritonlang.LABS), f"labs importing Triton: {with_triton}; tritonlang.LABS must match"
 
 
-@pytest.mark.notebooks
-@pytest.mark.parametrize("name", TRITON_LABS)
-def test_lab_runs_to_the_end_without_triton(name, monkeypatch):
+def _run_without_triton(name, monkeypatch):
     from nbclient import NotebookClient
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(HIDE), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("WORKBOOK_HEADLESS", "1")
@@ -43,3 +41,18 @@ def test_lab_runs_to_the_end_without_triton(name, monkeypatch):
     stderr = [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
               if o.output_type == "stream" and o.get("name") == "stderr"]
     assert not any("Traceback" in t for t in stderr), f"{name}: a traceback on stderr: {stderr}"
+
+
+def _no_triton_class(name):
+    """One class per lab: `make test`'s --dist loadscope gives each class to a worker, so the three notebooks (about
+    17 s each) run on both workers."""
+    @pytest.mark.notebooks
+    class TestWithoutTriton:
+        def test_lab_runs_to_the_end_without_triton(self, monkeypatch):
+            _run_without_triton(name, monkeypatch)
+    TestWithoutTriton.__name__ = TestWithoutTriton.__qualname__ = f"TestWithoutTritonLab{name[:2]}"
+    return TestWithoutTriton
+
+
+for _name in TRITON_LABS:
+    globals()[f"TestWithoutTritonLab{_name[:2]}"] = _no_triton_class(_name)

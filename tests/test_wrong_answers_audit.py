@@ -25,9 +25,22 @@ for _module in MODULES:
 CASES = [(check, i, wrong, words) for check, answers in AUDIT.items() for i, (wrong, words) in enumerate(answers)]
 
 
-@pytest.mark.parametrize("check, i, wrong, words", CASES, ids=[f"{c.exercise}-{i}" for c, i, _, _ in CASES])
-def test_wrong_answer_is_named(check, i, wrong, words):
-    run_named(check, wrong, words, seeds=(1,))
+def _lab(exercise: str) -> str:
+    return f"{int(exercise.split('.')[0]):02d}"
+
+
+def _audit_class(cases):
+    """A test class for one lab's entries: `make test`'s --dist loadscope hands each class to a worker, so the labs'
+    audits run on both workers instead of one module's worth on one."""
+    @pytest.mark.parametrize("check, i, wrong, words", cases, ids=[f"{c.exercise}-{i}" for c, i, _, _ in cases])
+    def test_wrong_answer_is_named(self, check, i, wrong, words):
+        run_named(check, wrong, words, seeds=(1,))
+    return {"test_wrong_answer_is_named": test_wrong_answer_is_named}
+
+
+for _name in sorted({_lab(c.exercise) for c, *_ in CASES}):
+    globals()[f"TestAuditLab{_name}"] = type(f"TestAuditLab{_name}", (),
+                                             _audit_class([c for c in CASES if _lab(c[0].exercise) == _name]))
 
 
 def solution_lines() -> dict[str, int]:
@@ -36,10 +49,6 @@ def solution_lines() -> dict[str, int]:
     for name in notebooks.notebook_names():
         out.update(lessons.exercises(nbformat.read(str(notebooks.SOLUTIONS / name), as_version=4)))
     return out
-
-
-def _lab(exercise: str) -> str:
-    return f"{int(exercise.split('.')[0]):02d}"
 
 
 def short_checkers() -> dict[str, int]:
