@@ -142,8 +142,7 @@ def learner_call(fn, args: tuple, call: str, references=(), used: set | None = N
     if called and used is not None:
         used.update(called)
     elif called:
-        refs = {_reference_name(r) for r in references}
-        raise refused(call, next((c for c in called if c in refs), called[0]), references)  # a reference first
+        raise refused(call, called[0], references)
     return result
 
 
