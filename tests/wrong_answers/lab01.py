@@ -2,7 +2,6 @@
 test's own wrong answers, run here on one seed each, plus the look-alikes and cheats issue 46 adds."""
 import math
 import statistics
-import time
 
 import numpy as np
 
@@ -19,16 +18,7 @@ def _scaled(unit):
 
 
 def _ns_timer(fn, sync, warmup, repeats):  # perf_counter_ns, never divided by 1e9
-    for _ in range(warmup):
-        fn()
-    sync()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter_ns()
-        fn()
-        sync()
-        out.append(time.perf_counter_ns() - t0)
-    return statistics.median(out)
+    return statistics.median(_samples(fn, sync, warmup, repeats, clock="perf_counter_ns"))
 
 
 def _bench_timer(fn, sync, warmup, repeats):
